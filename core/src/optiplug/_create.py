@@ -1,0 +1,129 @@
+"""Creating optimizers from registry records: validation, then implementation choice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ._specs import ImplementationSpec, OptimizerSpec
+from .errors import HyperparameterError
+from .validators import validate_hyperparameters
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._registry import Registry
+
+__all__ = ["OptimizerFactory", "create_optimizer", "validated_hparams"]
+
+
+def validated_hparams(
+    spec: OptimizerSpec, hparams: dict[str, Any], params: Sequence[Any] = ()
+) -> dict[str, Any]:
+    """Merge ``spec.defaults`` under ``hparams`` and validate (groups too).
+
+    Args:
+        spec: the algorithm.
+        hparams: user keywords.
+        params: the materialised ``params`` argument; its param-group dicts'
+            overrides are validated merged over ``hparams``.
+
+    Returns:
+        The merged keywords to pass to the factory.
+
+    Raises:
+        HyperparameterError: naming the algorithm, field and value.
+    """
+    from .base import group_overrides
+
+    merged = {**spec.defaults, **hparams}
+    validate_hyperparameters(spec.name, merged, config=spec.config, factory=spec.factory)
+    for override in group_overrides(params):
+        validate_hyperparameters(
+            spec.name, {**merged, **override}, config=spec.config, factory=spec.factory
+        )
+    return merged
+
+
+def _choose(
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
+    impl: str | None,
+    tensors: Sequence[torch.Tensor],
+    hparams: dict[str, Any],
+) -> ImplementationSpec | None:
+    from . import _autotune
+
+    if impl is not None:
+        chosen = [c for c in candidates if c.name == impl]
+        if not chosen:
+            names = ", ".join(c.name for c in candidates) or "none registered"
+            raise HyperparameterError(
+                "impl", impl, f"no such implementation; available: {names}", algorithm=spec.name
+            )
+        if not chosen[0].can_run(tensors):
+            kinds = ", ".join(sorted({f"{t.device.type}/{t.dtype}" for t in tensors}))
+            raise HyperparameterError(
+                "impl", impl, f"does not support these parameters ({kinds})", algorithm=spec.name
+            )
+        return chosen[0]
+    runnable = [c for c in candidates if c.can_run(tensors)]
+    if not runnable:
+        return None
+    return _autotune.choose(spec.name, runnable, tensors, hparams)
+
+
+def create_optimizer(
+    registry: Registry,
+    name: str,
+    params: Iterable[Any],
+    *,
+    impl: str | None = None,
+    provider: str | None = None,
+    **hparams: Any,
+) -> Any:
+    """Build algorithm ``name`` over ``params`` (see :func:`optiplug.create`)."""
+    from .base import parameter_tensors
+
+    spec = registry.spec(name, provider=provider)
+    params = list(params)
+    merged = validated_hparams(spec, hparams, params)
+    candidates = registry.implementations(spec.name, provider=provider)
+    chosen = _choose(spec, candidates, impl, parameter_tensors(params), merged)
+    factory = chosen.factory if chosen is not None else spec.factory
+    return factory(params, **merged)
+
+
+@attrs.frozen
+class OptimizerFactory:
+    """A picklable recipe for an optimizer: call it with parameters.
+
+    Built by :func:`optiplug.factory`; resolves ``name`` in the default
+    registry when called, so it can travel to other processes.
+
+    Attributes:
+        name: algorithm name.
+        hparams: hyperparameters (already validated).
+        impl: forced implementation, or None to choose by measurement.
+        provider: plugin or distribution that must provide ``name``, or None.
+    """
+
+    name: str
+    hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    impl: str | None = None
+    provider: str | None = None
+
+    def __call__(self, params: Iterable[Any]) -> Any:
+        """Create the optimizer over ``params``.
+
+        Args:
+            params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+
+        Returns:
+            A ``torch.optim.Optimizer``.
+        """
+        from ._api import create
+
+        return create(self.name, params, impl=self.impl, provider=self.provider, **self.hparams)

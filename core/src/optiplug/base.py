@@ -1,0 +1,187 @@
+"""Building blocks for optimizers backed by torch's own kernels.
+
+Where torch already ships the fastest correct kernel (fused/foreach Adam,
+AdamW, SGD), an optiplug optimizer *is* torch's optimizer with three things
+added: hyperparameters validated by an attrs config class, an ``impl``
+(``"loop"``, ``"foreach"``, ``"fused"``) chosen by measurement unless forced,
+and state loading that keeps the optimizer's implementation (a checkpoint
+moves freely between implementations)::
+
+    class Adam(TorchBackedOptimizer, torch.optim.Adam):
+        algorithm = "adam"
+        config_class = AdamConfig
+
+This module imports torch; plugin entry-point modules should refer to
+optimizer classes lazily (:func:`optiplug.lazy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from . import _autotune
+from ._implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
+from ._specs import ImplementationSpec
+from .errors import HyperparameterError
+from .validators import validate_hyperparameters
+
+__all__ = [
+    "TorchBackedOptimizer",
+    "foreach_supported",
+    "fused_supported",
+    "group_overrides",
+    "parameter_tensors",
+]
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_GROUP_KEYS = frozenset({"params", "param_names"})
+_UNSET: Any = object()
+
+
+def parameter_tensors(params: Iterable[Any]) -> list[torch.Tensor]:
+    """Flatten any accepted ``params`` form into its tensors.
+
+    Args:
+        params: tensors, param-group dicts, or ``(name, tensor)`` pairs (also
+            inside a group's ``"params"``).
+
+    Returns:
+        The parameter tensors in order.
+    """
+    tensors: list[torch.Tensor] = []
+    for item in params:
+        if isinstance(item, Mapping):
+            inner = item["params"]
+            tensors += parameter_tensors([inner] if isinstance(inner, torch.Tensor) else inner)
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+            tensors.append(item[1])
+        else:
+            tensors.append(item)
+    return tensors
+
+
+def group_overrides(params: Sequence[Any]) -> list[dict[str, Any]]:
+    """The per-group hyperparameter overrides in ``params`` (param-group dicts)."""
+    return [
+        {key: value for key, value in item.items() if key not in _GROUP_KEYS}
+        for item in params
+        if isinstance(item, Mapping)
+    ]
+
+
+def fused_supported(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's fused kernels can run ``params``.
+
+    They need dense floating tensors (fp16, bf16, fp32, fp64) all on one
+    device of a type torch has fused kernels for (CPU, CUDA, MPS, XPU...).
+    """
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        return False
+    supported = set(_get_fused_kernels_supported_devices())
+    return all(
+        p.device.type in supported and p.dtype in _FUSED_DTYPES and p.layout is torch.strided
+        for p in params
+    )
+
+
+def foreach_supported(params: Sequence[torch.Tensor]) -> bool:
+    """Whether torch's foreach (multi-tensor) paths can run ``params`` (dense tensors)."""
+    return all(p.layout is torch.strided for p in params)
+
+
+def _checked(impl: str, name: str, params: Sequence[torch.Tensor]) -> None:
+    if impl not in TORCH_IMPLEMENTATION_FLAGS:
+        choices = ", ".join(sorted(TORCH_IMPLEMENTATION_FLAGS))
+        raise HyperparameterError(
+            "impl",
+            impl,
+            f"not an implementation of {name}; choose one of {choices}",
+            algorithm=name,
+        )
+    supported = {"fused": fused_supported, "foreach": foreach_supported}.get(impl)
+    if supported is not None and params and not supported(params):
+        kinds = sorted({f"{p.device.type}/{p.dtype}" for p in params})
+        raise HyperparameterError(
+            "impl", impl, f"does not support these parameters ({', '.join(kinds)})", algorithm=name
+        )
+
+
+class TorchBackedOptimizer(torch.optim.Optimizer):
+    """Mixin for an optimizer that is torch's own class plus optiplug's contract.
+
+    Subclasses list it before the torch class and set :attr:`algorithm` and
+    :attr:`config_class`. Hyperparameters are keyword arguments (``lr`` may
+    also be positional); ``impl`` picks ``"loop"``, ``"foreach"`` or
+    ``"fused"``, or, when None, the fastest supported one by measurement.
+
+    Args:
+        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        lr: the learning rate (also accepted as a keyword).
+        impl: implementation name, or None to measure.
+        **hparams: the algorithm's other hyperparameters.
+
+    Raises:
+        HyperparameterError: an unknown keyword, a bad value, or an ``impl``
+            that does not exist or cannot run these parameters.
+    """
+
+    algorithm: ClassVar[str] = ""
+    config_class: ClassVar[type]
+
+    def __init__(
+        self, params: Iterable[Any], lr: Any = _UNSET, *, impl: str | None = None, **hparams: Any
+    ) -> None:
+        if lr is not _UNSET:
+            hparams["lr"] = lr
+        config = validate_hyperparameters(self.algorithm, hparams, config=self.config_class)
+        params = list(params)
+        for override in group_overrides(params):
+            validate_hyperparameters(
+                self.algorithm, {**hparams, **override}, config=self.config_class
+            )
+        tensors = parameter_tensors(params)
+        impl = impl if impl is not None else self._fastest(tensors, hparams)
+        _checked(impl, self.algorithm, tensors)
+        values = attrs.asdict(config, recurse=False)
+        super().__init__(params, **values, **TORCH_IMPLEMENTATION_FLAGS[impl])
+
+    @classmethod
+    def implementation_specs(cls) -> tuple[ImplementationSpec, ...]:
+        """This class's implementations as records (``loop``, ``foreach``, ``fused``)."""
+        return torch_implementations(cls.algorithm, f"{cls.__module__}:{cls.__qualname__}")
+
+    @classmethod
+    def _fastest(cls, tensors: Sequence[torch.Tensor], hparams: Mapping[str, Any]) -> str:
+        candidates = [impl for impl in cls.implementation_specs() if impl.can_run(tensors)]
+        return _autotune.choose(cls.algorithm, candidates, tensors, hparams).name
+
+    @property
+    def impl(self) -> str:
+        """The implementation in use: ``"fused"``, ``"foreach"`` or ``"loop"``."""
+        group = self.param_groups[0] if self.param_groups else {}
+        if group.get("fused"):
+            return "fused"
+        return "foreach" if group.get("foreach") else "loop"
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load state, keeping this optimizer's implementation.
+
+        A state dict saved by another implementation (or by plain torch)
+        carries its own ``foreach``/``fused`` flags; they describe how that
+        optimizer ran, not the state, so this optimizer keeps its own.
+
+        Args:
+            state_dict: as returned by ``state_dict()`` here or in torch.
+        """
+        keys = {key for flags in TORCH_IMPLEMENTATION_FLAGS.values() for key in flags}
+        kept = [{key: group[key] for key in keys if key in group} for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, flags in zip(self.param_groups, kept, strict=True):
+            group.update(flags)

@@ -1,0 +1,207 @@
+"""The optiplug error hierarchy.
+
+Every error raised by optiplug subclasses :class:`OptiplugError` and, where it
+fits, the builtin a PyTorch user already catches (``KeyError`` for unknown
+names, ``ValueError`` for bad values, ``RuntimeError`` for things that cannot
+be done right now). Each message is built in full before the raise and names
+the field, parameter and value at fault.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "CheckpointError",
+    "HyperparameterError",
+    "OptimizerUnavailableError",
+    "OptiplugError",
+    "PluginConflictError",
+    "PluginError",
+    "PluginUnavailable",
+    "StateDictError",
+    "UnknownOptimizerError",
+    "UnknownScheduleError",
+    "closest_name",
+]
+
+
+def closest_name(name: str, choices: Iterable[str]) -> str | None:
+    """Return the choice closest to ``name``, or None when none is close.
+
+    Args:
+        name: what the user typed.
+        choices: the valid names.
+
+    Returns:
+        The best match by :func:`difflib.get_close_matches`, or None.
+    """
+    matches = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+class OptiplugError(Exception):
+    """Base class of every optiplug error."""
+
+
+class UnknownOptimizerError(OptiplugError, KeyError):
+    """No installed plugin provides the requested name.
+
+    Attributes:
+        name: the requested name.
+        available: the names that do exist.
+        suggestion: the closest existing name, if any.
+    """
+
+    kind = "optimizer"
+
+    def __init__(self, name: str, available: Sequence[str], notes: Sequence[str] = ()) -> None:
+        self.name = name
+        self.available = tuple(sorted(available))
+        self.suggestion = closest_name(name, self.available)
+        hint = f" Did you mean {self.suggestion!r}?" if self.suggestion else ""
+        listed = ", ".join(self.available) if self.available else "(none installed)"
+        message = f"unknown {self.kind} {name!r}.{hint} Available: {listed}."
+        for note in notes:
+            message += f" {note}"
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class UnknownScheduleError(UnknownOptimizerError):
+    """No installed plugin provides the requested schedule name."""
+
+    kind = "schedule"
+
+
+class OptimizerUnavailableError(OptiplugError, RuntimeError):
+    """The name is known, but the plugin providing it cannot be used.
+
+    Raised for a plugin that failed to import or register, was disabled, is
+    incompatible, or lacks an optional dependency. Chained (``__cause__``) to
+    the original exception when there was one.
+    """
+
+
+class PluginError(OptiplugError, RuntimeError):
+    """A plugin failed to load while strict plugin mode is on."""
+
+
+class PluginUnavailable(OptiplugError, RuntimeError):
+    """Raised by a plugin that cannot work here (e.g. no CUDA).
+
+    A plugin raises it from its module body or a registration hook; the
+    registry records the plugin as ``unavailable`` with the reason and the
+    names it would have provided, instead of ``failed``.
+
+    Args:
+        reason: why the plugin cannot work, e.g. "CUDA is not available".
+        provides: names the plugin would provide, so asking for one of them
+            explains why it is missing.
+    """
+
+    def __init__(self, reason: str, provides: Iterable[str] = ()) -> None:
+        self.reason = reason
+        self.provides = tuple(provides)
+        super().__init__(reason)
+
+
+class PluginConflictError(OptiplugError, LookupError):
+    """Two or more plugins provide one name; pick one with ``provider=``.
+
+    Attributes:
+        name: the contested name.
+        providers: ``(plugin, distribution, version)`` of each provider.
+    """
+
+    def __init__(self, name: str, providers: Sequence[tuple[str, str, str]]) -> None:
+        self.name = name
+        self.providers = tuple(providers)
+        described = "; ".join(
+            f"plugin {plugin!r} from {dist} {version}" for plugin, dist, version in self.providers
+        )
+        choices = ", ".join(repr(plugin) for plugin, _, _ in self.providers)
+        self.message = (
+            f"{name!r} is provided by more than one plugin: {described}. "
+            f"Pass provider= one of {choices} (a plugin or distribution name)."
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class HyperparameterError(OptiplugError, ValueError):
+    """A hyperparameter (or schedule parameter) is invalid.
+
+    Attributes:
+        field: the hyperparameter's name.
+        value: the rejected value.
+        reason: the constraint it broke.
+        algorithm: the algorithm or schedule it was given to, when known.
+        suggestion: for an unknown name, the closest valid one.
+    """
+
+    def __init__(
+        self,
+        field: str,
+        value: Any,
+        reason: str,
+        *,
+        algorithm: str | None = None,
+        suggestion: str | None = None,
+    ) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        self.algorithm = algorithm
+        self.suggestion = suggestion
+        where = f"{algorithm}: " if algorithm else ""
+        hint = f" Did you mean {suggestion!r}?" if suggestion else ""
+        self.message = f"{where}invalid {field}={value!r}: {reason}.{hint}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def for_algorithm(self, algorithm: str) -> HyperparameterError:
+        """Return a copy of this error that names ``algorithm``.
+
+        Args:
+            algorithm: the algorithm or schedule name to mention.
+
+        Returns:
+            A new :class:`HyperparameterError` with the same field and value.
+        """
+        return HyperparameterError(
+            self.field, self.value, self.reason, algorithm=algorithm, suggestion=self.suggestion
+        )
+
+
+class StateDictError(OptiplugError, ValueError):
+    """An optimizer state dict failed validation; nothing was loaded.
+
+    Attributes:
+        problems: every problem found, sorted.
+    """
+
+    def __init__(
+        self, problems: Sequence[Any], header: str = "invalid optimizer state dict"
+    ) -> None:
+        self.problems = tuple(problems)
+        lines = [f"{header}: {len(self.problems)} problem(s)"]
+        lines += [f"  - {problem}" for problem in self.problems]
+        self.message = "\n".join(lines)
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CheckpointError(OptiplugError, ValueError):
+    """A checkpoint on disk is missing, truncated, tampered with or foreign."""

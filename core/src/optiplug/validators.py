@@ -1,0 +1,265 @@
+"""Hyperparameter validators for attrs config classes.
+
+An algorithm's hyperparameters are an attrs class whose fields are declared
+with :func:`hyperparameter`; constructing it validates every value and raises
+:class:`~optiplug.errors.HyperparameterError` naming the field and value::
+
+    @attrs.frozen
+    class AcmeConfig:
+        lr: float = hyperparameter(1e-3, learning_rate, "finite, >= 0")
+        momentum: float = hyperparameter(0.9, unit_interval, "in [0, 1)")
+
+``validate_hyperparameters`` runs such a class over user keywords (with a
+did-you-mean for typos), or, for a plain torch optimizer registered without a
+config class, checks the keywords against its signature and the well-known
+names (``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ._lazy import LazyCallable
+from .errors import HyperparameterError, closest_name
+
+__all__ = [
+    "Hyperparameter",
+    "betas",
+    "boolean",
+    "hyperparameter",
+    "hyperparameters_of",
+    "learning_rate",
+    "non_negative",
+    "positive",
+    "positive_int",
+    "unit_interval",
+    "validate_hyperparameters",
+]
+
+Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+def _as_number(field: str, value: Any) -> float:
+    """Return ``value`` as a float, accepting Python numbers and 0-d tensors."""
+    if isinstance(value, bool):
+        raise HyperparameterError(field, value, "must be a number, not a bool")
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0:
+        return float(value.item())
+    raise HyperparameterError(field, value, "must be a real number or a 0-d tensor")
+
+
+def _finite(field: str, value: Any) -> float:
+    number = _as_number(field, value)
+    if not math.isfinite(number):
+        raise HyperparameterError(field, value, "must be finite")
+    return number
+
+
+def learning_rate(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a finite number (or 0-d tensor) >= 0."""
+    if _finite(attribute.name, value) < 0:
+        raise HyperparameterError(attribute.name, value, "must be >= 0")
+
+
+def non_negative(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a finite number >= 0."""
+    if _finite(attribute.name, value) < 0:
+        raise HyperparameterError(attribute.name, value, "must be >= 0")
+
+
+def positive(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a finite number > 0."""
+    if _finite(attribute.name, value) <= 0:
+        raise HyperparameterError(attribute.name, value, "must be > 0")
+
+
+def unit_interval(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a finite number in [0, 1)."""
+    number = _finite(attribute.name, value)
+    if not 0.0 <= number < 1.0:
+        raise HyperparameterError(attribute.name, value, "must be in [0, 1)")
+
+
+def betas(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a pair of numbers, each in [0, 1)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise HyperparameterError(attribute.name, value, "must be a pair (beta1, beta2)")
+    for index, beta in enumerate(value):
+        number = _finite(f"{attribute.name}[{index}]", beta)
+        if not 0.0 <= number < 1.0:
+            raise HyperparameterError(attribute.name, value, f"beta{index + 1} must be in [0, 1)")
+
+
+def boolean(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept a bool only (not 0/1 or a string)."""
+    if not isinstance(value, bool):
+        raise HyperparameterError(attribute.name, value, "must be True or False")
+
+
+def positive_int(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """Accept an int >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise HyperparameterError(attribute.name, value, "must be an integer >= 1")
+
+
+def _to_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def hyperparameter(default: Any, validator: Validator, constraint: str) -> Any:
+    """Declare one validated hyperparameter of an attrs config class.
+
+    Args:
+        default: the default value.
+        validator: an attrs validator from this module (or your own raising
+            :class:`~optiplug.errors.HyperparameterError`).
+        constraint: human-readable constraint shown by ``optiplug show``.
+
+    Returns:
+        An ``attrs.field`` carrying the constraint in its metadata.
+    """
+    return attrs.field(
+        default=default,
+        validator=validator,
+        converter=_to_tuple,
+        metadata={"constraint": constraint},
+    )
+
+
+@attrs.frozen
+class Hyperparameter:
+    """One hyperparameter as ``optiplug show`` and ``optiplug.spec`` report it."""
+
+    name: str
+    default: Any
+    constraint: str
+
+
+_WELL_KNOWN: dict[str, tuple[Validator, str]] = {
+    "lr": (learning_rate, "finite, >= 0"),
+    "betas": (betas, "each in [0, 1)"),
+    "eps": (positive, "> 0"),
+    "weight_decay": (non_negative, ">= 0"),
+    "momentum": (unit_interval, "in [0, 1)"),
+    "dampening": (non_negative, ">= 0"),
+}
+
+
+def hyperparameters_of(
+    config: type | None, factory: Callable[..., Any]
+) -> tuple[Hyperparameter, ...]:
+    """List the hyperparameters of an algorithm.
+
+    Args:
+        config: the attrs config class, or None.
+        factory: the optimizer factory, used when there is no config class.
+
+    Returns:
+        One :class:`Hyperparameter` per field (config) or per keyword
+        parameter after ``params`` (factory signature).
+    """
+    if config is not None:
+        return tuple(
+            Hyperparameter(f.name, f.default, f.metadata.get("constraint", ""))
+            for f in attrs.fields(config)
+        )
+    found = []
+    for parameter in _keyword_parameters(factory):
+        default = None if parameter.default is inspect.Parameter.empty else parameter.default
+        constraint = _WELL_KNOWN.get(parameter.name, (None, ""))[1]
+        found.append(Hyperparameter(parameter.name, default, constraint))
+    return tuple(found)
+
+
+def _signature(factory: Callable[..., Any]) -> inspect.Signature:
+    target = factory.resolve() if isinstance(factory, LazyCallable) else factory
+    return inspect.signature(target)
+
+
+def _keyword_parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        signature = _signature(factory)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = [p for p in signature.parameters.values() if p.kind in kinds]
+    return [p for p in parameters if p.name not in {"self", "params"}]
+
+
+def _accepts_any_keyword(factory: Callable[..., Any]) -> bool:
+    try:
+        parameters = _signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _reject_unknown(names: Iterable[str], known: set[str], algorithm: str) -> None:
+    for name in sorted(names):
+        if name not in known:
+            accepted = ", ".join(sorted(known))
+            raise HyperparameterError(
+                name,
+                "<unknown keyword>",
+                f"not a hyperparameter of {algorithm}; accepted: {accepted}",
+                algorithm=algorithm,
+                suggestion=closest_name(name, known),
+            )
+
+
+def validate_hyperparameters(
+    algorithm: str,
+    hparams: Mapping[str, Any],
+    *,
+    config: type | None = None,
+    factory: Callable[..., Any] | None = None,
+    extra: Iterable[str] = (),
+) -> Any:
+    """Validate user hyperparameters for ``algorithm``.
+
+    Args:
+        algorithm: name used in error messages.
+        hparams: the keywords the user gave.
+        config: the algorithm's attrs config class, if it has one.
+        factory: the optimizer factory (checked by signature when no config).
+        extra: further accepted keywords that are not hyperparameters.
+
+    Returns:
+        The config instance when ``config`` is given, else None.
+
+    Raises:
+        HyperparameterError: an unknown keyword (with a did-you-mean) or a
+            value that breaks its constraint; the message names the algorithm.
+    """
+    given = {k: v for k, v in hparams.items() if k not in set(extra)}
+    if config is not None:
+        _reject_unknown(given, {f.name for f in attrs.fields(config)}, algorithm)
+        try:
+            return config(**given)
+        except HyperparameterError as error:
+            raise error.for_algorithm(algorithm) from None
+    if factory is not None and not _accepts_any_keyword(factory):
+        _reject_unknown(given, {p.name for p in _keyword_parameters(factory)}, algorithm)
+    for name, value in given.items():
+        if name in _WELL_KNOWN:
+            check, _ = _WELL_KNOWN[name]
+            try:
+                check(None, _FieldName(name), value)
+            except HyperparameterError as error:
+                raise error.for_algorithm(algorithm) from None
+    return None
+
+
+@attrs.frozen
+class _FieldName:
+    """Stand-in for ``attrs.Attribute`` when validating without a config class."""
+
+    name: str
