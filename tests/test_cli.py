@@ -1,0 +1,72 @@
+"""The ``optiplug`` command line: list, show, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from optiplug import cli
+
+
+def test_list_table_shows_first_party_plugins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "kind",
+        "name",
+        "implementations",
+        "plugin",
+        "distribution",
+        "version",
+        "status",
+    ]
+    rows = {tuple(line.split()[:2]): line.split() for line in lines[2:] if line.strip()}
+    for name in ("sgd", "adam", "adamw"):
+        row = rows[("optimizer", name)]
+        assert row[2] == "foreach,fused,loop"
+        assert row[4] == f"optiplug-{name}" and row[5] == "0.1.0" and row[6] == "active"
+    start = lines[0].index("name")
+    for line in lines[2:]:
+        if line.strip() and not line.startswith(("failed", "unavailable", "incompatible", "disabled")):
+            assert line[start - 1] == " " and line[start] != " ", line  # columns are aligned
+
+
+def test_list_json_is_machine_readable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    plugins = {p["name"]: p for p in listing["plugins"]}
+    for name in ("sgd", "adam", "adamw"):
+        assert plugins[name]["distribution"] == f"optiplug-{name}"
+        assert plugins[name]["status"] == "active"
+        assert f"optimizer:{name}" in plugins[name]["provides"]
+    assert {o["name"] for o in listing["optimizers"]} >= {"sgd", "adam", "adamw"}
+
+
+def test_show_describes_hyperparameters_and_state(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["show", "adam"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("adam - Adam with optional AMSGrad")
+    assert "provider: adam (optiplug-adam 0.1.0)" in out
+    assert "betas         (0.9, 0.999)  each in [0, 1)" in out
+    assert "max_exp_avg_sq" in out and "amsgrad" in out
+
+
+def test_show_unknown_name_is_friendly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["show", "adamm"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("optiplug: error: unknown optimizer 'adamm'. Did you mean 'adam'?")
+    assert "Traceback" not in err
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "optiplug", "show", "nope"], capture_output=True, text=True
+    )
+    assert (
+        out.returncode == 2 and "Traceback" not in out.stderr and "unknown optimizer" in out.stderr
+    )
+    ok = subprocess.run([sys.executable, "-m", "optiplug", "list"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "optiplug-adamw" in ok.stdout

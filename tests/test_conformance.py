@@ -1,0 +1,43 @@
+"""The conformance suite, table-driven over every installed algorithm and implementation."""
+
+from __future__ import annotations
+
+import pytest
+
+from optiplug import testing
+
+
+@pytest.mark.parametrize("name, impl", testing.conformance_cases())
+@pytest.mark.parametrize("check", testing.CHECKS, ids=lambda check: check.__name__)
+def test_conformance(name: str, impl: str | None, check) -> None:
+    check(name, impl=impl)
+
+
+def test_cases_cover_every_installed_algorithm_and_implementation() -> None:
+    cases = testing.conformance_cases()
+    names = {name for name, _ in cases}
+    assert {"sgd", "adam", "adamw"} <= names
+    for name in ("sgd", "adam", "adamw"):
+        assert {impl for n, impl in cases if n == name} == {None, "loop", "foreach", "fused"}
+
+
+def test_a_broken_optimizer_fails_the_suite() -> None:
+    import optiplug
+    import torch
+
+    class Stuck(torch.optim.SGD):
+        """An SGD whose step does nothing: it must fail the convergence check."""
+
+        def step(self, closure=None):
+            return None
+
+    class Plugin:
+        @optiplug.hookimpl
+        def optiplug_optimizers(self):
+            return [optiplug.OptimizerSpec(name="stuck", factory=Stuck)]
+
+    registry = optiplug.Registry(autoload=False)
+    registry.register(Plugin(), "stuck")
+    with pytest.raises(AssertionError, match="stuck"):
+        testing.check_quadratic_converges("stuck", registry=registry)
+    testing.check_no_grad_step_is_noop("stuck", registry=registry)

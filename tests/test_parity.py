@@ -1,0 +1,144 @@
+"""sgd, adam and adamw match torch's own optimizers for every flag and implementation."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+
+import optiplug
+
+IMPLEMENTATIONS = ["loop", "foreach", "fused", None]
+TORCH_CLASSES = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def sgd_flag_sets() -> list[dict]:
+    found = []
+    for momentum, dampening, nesterov, wd, maximize in itertools.product(
+        (0.0, 0.9), (0.0, 0.5), (False, True), (0.0, 0.1), (False, True)
+    ):
+        if nesterov and (momentum == 0 or dampening != 0):
+            continue  # torch rejects these too
+        found.append(
+            {
+                "momentum": momentum,
+                "dampening": dampening,
+                "nesterov": nesterov,
+                "weight_decay": wd,
+                "maximize": maximize,
+            }
+        )
+    return found
+
+
+def adam_flag_sets() -> list[dict]:
+    return [
+        {"weight_decay": wd, "amsgrad": amsgrad, "maximize": maximize}
+        for wd, amsgrad, maximize in itertools.product((0.0, 0.1), (False, True), (False, True))
+    ]
+
+
+CASES = [("sgd", flags) for flags in sgd_flag_sets()]
+CASES += [(name, flags) for name in ("adam", "adamw") for flags in adam_flag_sets()]
+
+
+def make_params(dtype: torch.dtype) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(7)
+    shapes = [(5, 3), (3,), (2, 2, 2)]
+    return [torch.nn.Parameter(torch.randn(s, generator=generator, dtype=dtype)) for s in shapes]
+
+
+def run(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: int, seed: int = 1
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            p.grad = 2 * (p.detach() - 0.5) + noise
+        optimizer.step()
+
+
+def flag_id(case: tuple[str, dict]) -> str:
+    name, flags = case
+    return name + "-" + "-".join(f"{k}={v}" for k, v in flags.items() if v)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda i: i or "default")
+@pytest.mark.parametrize("case", CASES, ids=flag_id)
+def test_fifty_steps_match_torch(case: tuple[str, dict], impl: str | None) -> None:
+    name, flags = case
+    hparams = {"lr": 0.01, **flags}
+    ours, theirs = make_params(torch.float64), make_params(torch.float64)
+    run(optiplug.create(name, ours, impl=impl, **hparams), ours, 50)
+    run(TORCH_CLASSES[name](theirs, foreach=False, **hparams), theirs, 50)
+    for mine, reference in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine, reference)
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_float32_and_state_names_match_torch(name: str, impl: str) -> None:
+    hparams = {"lr": 0.01, "momentum": 0.9} if name == "sgd" else {"lr": 0.01, "amsgrad": True}
+    ours, theirs = make_params(torch.float32), make_params(torch.float32)
+    mine = optiplug.create(name, ours, impl=impl, **hparams)
+    reference = TORCH_CLASSES[name](
+        theirs, foreach=impl == "foreach", fused=impl == "fused", **hparams
+    )
+    run(mine, ours, 50)
+    run(reference, theirs, 50)
+    for p, q in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(p, q)
+        assert set(mine.state[p]) == set(reference.state[q])
+
+
+def test_defaults_match_the_design() -> None:
+    defaults = {
+        name: {h.name: h.default for h in optiplug.spec(name).hyperparameters}
+        for name in TORCH_CLASSES
+    }
+    assert defaults["sgd"] == {
+        "lr": 1e-3,
+        "momentum": 0.0,
+        "dampening": 0.0,
+        "weight_decay": 0.0,
+        "nesterov": False,
+        "maximize": False,
+    }
+    adam = {
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "amsgrad": False,
+        "maximize": False,
+    }
+    assert defaults["adam"] == adam
+    assert defaults["adamw"] == {**adam, "weight_decay": 1e-2}
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_torch_adamw_state_dict_loads_into_ours_and_back(impl: str) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    reference = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05, amsgrad=True)
+    params = list(model.parameters())
+    run(reference, params, 5)
+    twin = copy.deepcopy(model)
+    twin_params = list(twin.parameters())
+    mine = optiplug.create(
+        "adamw", twin_params, impl=impl, lr=0.01, weight_decay=0.05, amsgrad=True
+    )
+    mine.load_state_dict(reference.state_dict())
+    assert mine.impl == impl
+    run(reference, params, 10, seed=2)
+    run(mine, twin_params, 10, seed=2)
+    for p, q in zip(params, twin_params, strict=True):
+        torch.testing.assert_close(q, p)
+    back = torch.optim.AdamW(params, lr=0.01, weight_decay=0.05, amsgrad=True)
+    back.load_state_dict(mine.state_dict())
+    run(back, params, 3, seed=3)
+    run(mine, twin_params, 3, seed=3)
+    for p, q in zip(params, twin_params, strict=True):
+        torch.testing.assert_close(q, p)
