@@ -37,7 +37,9 @@ TORCH_FLAGS = {
 def parse_size(text: str) -> int:
     """``"16M"`` -> 16 * 2**20 elements."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+    return (
+        int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+    )
 
 
 def make_params(total: int, count: int = 16) -> list[torch.nn.Parameter]:
@@ -54,7 +56,10 @@ def make_params(total: int, count: int = 16) -> list[torch.nn.Parameter]:
 def variants(name: str, params: list[torch.nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
     """Every optimizer to time, keyed by label, all over the same tensors."""
     hparams = HPARAMS[name]
-    found = {f"torch {impl}": TORCH[name](params, **hparams, **flags) for impl, flags in TORCH_FLAGS.items()}
+    found = {
+        f"torch {impl}": TORCH[name](params, **hparams, **flags)
+        for impl, flags in TORCH_FLAGS.items()
+    }
     for impl in ("loop", "foreach", "fused"):
         found[f"optiplug {impl}"] = optiplug.create(name, params, impl=impl, **hparams)
     default = optiplug.create(name, params, **hparams)
@@ -100,7 +105,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1M parameters, 5 rounds")
     args = parser.parse_args()
     sizes, rounds = (["1M"], 5) if args.quick else (args.sizes, args.rounds)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} rounds")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} rounds"
+    )
     print("| algorithm | params | variant | ms/step | vs torch same | vs torch best |")
     print("|---|---|---|---|---|---|")
     for size in sizes:

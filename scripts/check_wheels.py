@@ -23,9 +23,21 @@ def run(*command: str) -> str:
 
 def build_and_install(wheel_dir: Path) -> list[str]:
     """Build core and each plugin into ``wheel_dir`` and install them; return plugin names."""
-    plugins = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
+    plugins = sorted(
+        p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists()
+    )
     sources = [ROOT / "core", *(ROOT / "plugins" / name for name in plugins)]
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheel_dir), *map(str, sources))
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "-w",
+        str(wheel_dir),
+        *map(str, sources),
+    )
     wheels = sorted(map(str, wheel_dir.glob("*.whl")))
     constraints = str(ROOT / "constraints.txt")
     run(sys.executable, "-m", "pip", "install", "-q", "-c", constraints, *wheels)
@@ -49,7 +61,9 @@ def main() -> int:
         problems.append(f"editable installs present: {editable.strip()}")
     for line in problems:
         print(f"wheels: {line}", file=sys.stderr)
-    print(f"wheels: {len(expected) - len(problems)} of {len(expected)} plugins discovered from wheels")
+    print(
+        f"wheels: {len(expected) - len(problems)} of {len(expected)} plugins discovered from wheels"
+    )
     return 1 if problems else 0
 
 

@@ -30,7 +30,9 @@ def test_list_table_shows_first_party_plugins(capsys: pytest.CaptureFixture[str]
         assert row[4] == f"optiplug-{name}" and row[5] == "0.1.0" and row[6] == "active"
     start = lines[0].index("name")
     for line in lines[2:]:
-        if line.strip() and not line.startswith(("failed", "unavailable", "incompatible", "disabled")):
+        if line.strip() and not line.startswith(
+            ("failed", "unavailable", "incompatible", "disabled")
+        ):
             assert line[start - 1] == " " and line[start] != " ", line  # columns are aligned
 
 

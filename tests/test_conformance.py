@@ -19,15 +19,18 @@ def test_cases_cover_every_installed_algorithm_and_implementation() -> None:
     cases = testing.conformance_cases()
     assert optiplug.optimizers(), "no optimizer plugin installed"
     for name in optiplug.optimizers():
-        expected = {None} | {impl.name for impl in optiplug.default_registry().implementations(name)}
+        expected = {None} | {
+            impl.name for impl in optiplug.default_registry().implementations(name)
+        }
         assert {impl for n, impl in cases if n == name} == expected
     for name in {"sgd", "adam", "adamw"} & set(optiplug.optimizers()):
         assert {impl for n, impl in cases if n == name} == {None, "loop", "foreach", "fused"}
 
 
 def test_a_broken_optimizer_fails_the_suite() -> None:
-    import optiplug
     import torch
+
+    import optiplug
 
     class Stuck(torch.optim.SGD):
         """An SGD whose step does nothing: it must fail the convergence check."""

@@ -221,7 +221,7 @@ def test_typo_gets_did_you_mean() -> None:
 
 def test_param_group_overrides_are_validated() -> None:
     groups = [{"params": params(), "lr": 0.1}, {"params": params(), "lr": -2.0}]
-    with pytest.raises(HyperparameterError, match="lr=-2.0"):
+    with pytest.raises(HyperparameterError, match=r"lr=-2\.0"):
         optiplug.create("sgd", groups)
 
 
