@@ -10,6 +10,9 @@ import optiplug
 import optiplug.errors
 
 EXPECTED_ALL = {
+    "Graph",
+    "AutoOptimizer",
+    "Selection",
     "ENTRY_POINT_GROUP",
     "PLUGIN_API_VERSION",
     "Candidate",
@@ -22,10 +25,12 @@ EXPECTED_ALL = {
     "Problem",
     "ProviderInfo",
     "Registry",
+    "Schedule",
     "ScheduleSpec",
     "SelectionRequest",
     "StateSlot",
     "__version__",
+    "checkpoint",
     "create",
     "default_registry",
     "errors",
@@ -33,17 +38,22 @@ EXPECTED_ALL = {
     "hookimpl",
     "hookspec",
     "lazy",
+    "load_state_dict",
     "optimizers",
     "plugins",
     "reset_default_registry",
+    "schedule",
+    "schedules",
     "spec",
     "torch_implementations",
+    "validate_state_dict",
     "validators",
 }
 
 EXPECTED_ERRORS = {
     "CheckpointError",
     "HyperparameterError",
+    "ModelConfigError",
     "OptimizerUnavailableError",
     "OptiplugError",
     "PluginConflictError",

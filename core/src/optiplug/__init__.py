@@ -18,17 +18,23 @@ from ._api import (
     create,
     default_registry,
     factory,
+    load_state_dict,
     optimizers,
     plugins,
     reset_default_registry,
+    schedule,
+    schedules,
     spec,
+    validate_state_dict,
 )
+from ._auto import AutoOptimizer, Selection
 from ._builtin import version as _version
 from ._create import OptimizerFactory
 from ._hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._implementations import torch_implementations
 from ._lazy import LazyCallable, lazy
 from ._registry import ENTRY_POINT_GROUP, PluginWarning, Registry
+from ._schedules import Schedule
 from ._specs import (
     Candidate,
     ImplementationSpec,
@@ -44,7 +50,9 @@ from ._specs import (
 __version__ = _version()
 
 __all__ = [
+    "AutoOptimizer",
     "ENTRY_POINT_GROUP",
+    "Graph",
     "PLUGIN_API_VERSION",
     "Candidate",
     "ImplementationSpec",
@@ -56,10 +64,13 @@ __all__ = [
     "Problem",
     "ProviderInfo",
     "Registry",
+    "Schedule",
     "ScheduleSpec",
+    "Selection",
     "SelectionRequest",
     "StateSlot",
     "__version__",
+    "checkpoint",
     "create",
     "default_registry",
     "errors",
@@ -67,10 +78,31 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "lazy",
+    "load_state_dict",
     "optimizers",
     "plugins",
     "reset_default_registry",
+    "schedule",
+    "schedules",
     "spec",
     "torch_implementations",
+    "validate_state_dict",
     "validators",
 ]
+
+_LAZY_SUBMODULES = frozenset({"checkpoint"})
+"""Public submodules that import torch, imported on first attribute access."""
+
+
+_LAZY_ATTRIBUTES = {"Graph": "._graph"}
+"""Public names whose modules import torch, imported on first attribute access."""
+
+
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_ATTRIBUTES:
+        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

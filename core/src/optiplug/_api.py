@@ -8,16 +8,21 @@ from typing import Any
 
 from ._create import OptimizerFactory, create_optimizer, validated_hparams
 from ._registry import Registry
-from ._specs import OptimizerSpec, PluginInfo
+from ._schedules import Schedule, build_schedule
+from ._specs import OptimizerSpec, PluginInfo, Problem
 
 __all__ = [
     "create",
     "default_registry",
     "factory",
+    "load_state_dict",
     "optimizers",
     "plugins",
     "reset_default_registry",
+    "schedule",
+    "schedules",
     "spec",
+    "validate_state_dict",
 ]
 
 _lock = threading.Lock()
@@ -111,3 +116,79 @@ def optimizers() -> list[str]:
 def plugins() -> list[PluginInfo]:
     """Every plugin found, with distribution, version, status and what it provides."""
     return default_registry().plugins()
+
+
+def schedule(name: str, *, provider: str | None = None, **kwargs: Any) -> Schedule:
+    """Build learning-rate schedule ``name`` (``optiplug.schedules()`` lists them).
+
+    Args:
+        name: schedule name, e.g. ``"cosine"``.
+        provider: plugin or distribution to take ``name`` from when several provide it.
+        **kwargs: the schedule's parameters, validated now.
+
+    Returns:
+        A :class:`Schedule`: ``schedule(step) -> multiplier`` of each group's base lr.
+
+    Raises:
+        UnknownScheduleError: no plugin provides ``name`` (with a suggestion).
+        OptimizerUnavailableError: its plugin failed, is disabled or unavailable.
+        PluginConflictError: several plugins provide ``name`` and no ``provider``.
+        HyperparameterError: an unknown, missing or invalid parameter, naming
+            the schedule, the field and the value.
+    """
+    return build_schedule(default_registry().schedule_spec(name, provider=provider), kwargs)
+
+
+def schedules() -> list[str]:
+    """Names of every available schedule, sorted; aliases are not listed."""
+    return default_registry().schedules()
+
+
+def validate_state_dict(optimizer: Any, state_dict: Any) -> list[Problem]:
+    """Check ``state_dict`` against ``optimizer`` without loading it.
+
+    Checks structure, group count and sizes, parameter names (when both sides
+    have them), state slots against the algorithm's schema (presence, shape,
+    dtype, finiteness, constraints such as non-negative second moments),
+    saved hyperparameters through the constructor's validators, state of
+    another algorithm, and every plugin's ``optiplug_validate_state_dict``.
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` it would be loaded into.
+        state_dict: the candidate state dict; neither is modified.
+
+    Returns:
+        Every :class:`Problem`, sorted; empty when the state dict is valid.
+    """
+    from ._state import validate_state_dict as validate
+
+    return validate(optimizer, state_dict)
+
+
+def load_state_dict(optimizer: Any, state_dict: Any, *, strict: bool = True) -> list[Problem]:
+    """Validate, then load ``state_dict`` into ``optimizer`` all-or-nothing.
+
+    State is matched by parameter name when both sides carry ``param_names``
+    (reordered parameters are safe), else by position. Every tensor is
+    copied. The saved hyperparameters (lr...) replace the optimizer's, as in
+    torch; differences are returned as ``hyperparameter-changed`` problems.
+    The optimizer keeps its own implementation flags (foreach, fused...).
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` to load into.
+        state_dict: as returned by ``state_dict()`` (here or in plain torch).
+        strict: True raises on any problem; False loads what is valid and
+            leaves the rest (a parameter's state, a group key) as it was.
+
+    Returns:
+        The problems skipped (``strict=False`` only) and the
+        ``hyperparameter-changed`` notes, sorted.
+
+    Raises:
+        StateDictError: with ``.problems``; the optimizer is bit-for-bit
+            unchanged. With ``strict=False`` only when the structure (groups,
+            top-level keys) prevents loading anything.
+    """
+    from ._state import load_state_dict as load
+
+    return load(optimizer, state_dict, strict=strict)

@@ -14,7 +14,10 @@ from types import ModuleType
 
 __all__ = ["BUILTIN_PLUGINS", "plugins", "version"]
 
-BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = ()
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("schedules", "optiplug._builtin_schedules"),
+    ("rules", "optiplug._builtin_rules"),
+)
 """``(plugin name, module)`` of each built-in plugin, in registration order."""
 
 

@@ -16,7 +16,24 @@ if TYPE_CHECKING:
 
     from ._registry import Registry
 
-__all__ = ["OptimizerFactory", "create_optimizer", "validated_hparams"]
+__all__ = [
+    "REGISTRY_ATTRIBUTE",
+    "SPEC_ATTRIBUTE",
+    "OptimizerFactory",
+    "create_optimizer",
+    "validated_hparams",
+]
+
+SPEC_ATTRIBUTE = "_optiplug_spec"
+"""Attribute naming the :class:`OptimizerSpec` an optimizer was created from.
+
+Set by :func:`create_optimizer` on every optimizer it builds, whatever its
+factory, so state validation knows the algorithm (and its state slots) even
+for a plain torch class registered by a third party.
+"""
+
+REGISTRY_ATTRIBUTE = "_optiplug_registry"
+"""Attribute naming the :class:`Registry` that created an optimizer (for validation hooks)."""
 
 
 def validated_hparams(
@@ -93,7 +110,18 @@ def create_optimizer(
     candidates = registry.implementations(spec.name, provider=provider)
     chosen = _choose(spec, candidates, impl, parameter_tensors(params), merged)
     factory = chosen.factory if chosen is not None else spec.factory
-    return factory(params, **merged)
+    optimizer = factory(params, **merged)
+    _tag(optimizer, spec, registry)
+    return optimizer
+
+
+def _tag(optimizer: Any, spec: OptimizerSpec, registry: Registry) -> None:
+    """Record the spec and registry on ``optimizer`` (skipped if it refuses attributes)."""
+    try:
+        setattr(optimizer, SPEC_ATTRIBUTE, spec)
+        setattr(optimizer, REGISTRY_ATTRIBUTE, registry)
+    except (AttributeError, TypeError):
+        pass
 
 
 @attrs.frozen

@@ -171,17 +171,22 @@ class TorchBackedOptimizer(torch.optim.Optimizer):
         return "foreach" if group.get("foreach") else "loop"
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load state, keeping this optimizer's implementation.
+        """Validate, then load state all-or-nothing, keeping this optimizer's implementation.
 
-        A state dict saved by another implementation (or by plain torch)
-        carries its own ``foreach``/``fused`` flags; they describe how that
-        optimizer ran, not the state, so this optimizer keeps its own.
+        Same rules as :func:`optiplug.load_state_dict` with ``strict=True``:
+        state is matched by parameter name when both sides have names, every
+        tensor is copied, and on any problem nothing changes. A state dict
+        saved by another implementation (or by plain torch) carries its own
+        ``foreach``/``fused``/``capturable``/``differentiable`` flags; they
+        describe how that optimizer ran, not the state, so this optimizer
+        keeps its own.
 
         Args:
             state_dict: as returned by ``state_dict()`` here or in torch.
+
+        Raises:
+            StateDictError: with ``.problems``, every problem found.
         """
-        keys = {key for flags in TORCH_IMPLEMENTATION_FLAGS.values() for key in flags}
-        kept = [{key: group[key] for key in keys if key in group} for group in self.param_groups]
-        super().load_state_dict(state_dict)
-        for group, flags in zip(self.param_groups, kept, strict=True):
-            group.update(flags)
+        from ._state import load_state_dict
+
+        load_state_dict(self, state_dict, strict=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from . import _cli_auto, _cli_check, _cli_schedule
 from ._api import default_registry
 from ._registry import Registry
 from ._specs import OptimizerSpec, ScheduleSpec
@@ -217,6 +218,24 @@ COMMANDS: list[Command] = [
         "list", "list optimizers, implementations, schedules and rules", _configure_list, _run_list
     ),
     Command("show", "describe one optimizer or schedule", _configure_show, _run_show),
+    Command(
+        "schedule",
+        "print a schedule's curve as a table, optionally plot it",
+        _cli_schedule.configure,
+        _cli_schedule.run,
+    ),
+    Command(
+        "auto",
+        "show the AutoOptimizer selection and its explanation",
+        _cli_auto.configure_auto,
+        _cli_auto.run_auto,
+    ),
+    Command(
+        "check",
+        "verify a checkpoint directory and show what it holds",
+        _cli_check.configure,
+        _cli_check.run,
+    ),
 ]
 
 

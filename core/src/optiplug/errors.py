@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "CheckpointError",
     "HyperparameterError",
+    "ModelConfigError",
     "OptimizerUnavailableError",
     "OptiplugError",
     "PluginConflictError",
@@ -201,6 +202,10 @@ class StateDictError(OptiplugError, ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ModelConfigError(OptiplugError, ValueError):
+    """A model config (``config.json``) is missing, unreadable or lacks what is needed."""
 
 
 class CheckpointError(OptiplugError, ValueError):

@@ -1,0 +1,417 @@
+"""Optimizer checkpoints on disk: atomic, verified, validated before use.
+
+::
+
+    from optiplug import checkpoint
+
+    checkpoint.save("ckpt/opt", optimizer, epoch=3)      # a directory, written atomically
+    result = checkpoint.load("ckpt/opt", optimizer)      # verified, then loaded all-or-nothing
+    result.extra["epoch"]                                # 3
+    checkpoint.verify("ckpt/opt")                        # what it holds, without an optimizer
+
+A checkpoint is a directory holding ``tensors.safetensors`` (every state
+tensor), ``metadata.json`` (schema version, algorithm, implementation,
+plugin and versions, parameter names/shapes/dtypes, hyperparameters, the
+SHA-256 of the tensor file, a checkpoint id, your ``extra`` data) and a
+``COMMITTED`` marker written last (holding the SHA-256 of the metadata).
+Nothing is used before the marker, both hashes, the schema and the
+safetensors header have been checked. :func:`export_torch` and
+:func:`import_torch` exchange a plain ``torch.save`` file of the state dict
+instead (loadable with ``torch.load(..., weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ._checkpoint_format import (
+    ALLOWED_FILES,
+    FORMAT,
+    MARKER,
+    METADATA,
+    TENSORS,
+    Stored,
+    decode,
+    encode,
+    read_checkpoint,
+    sha256,
+)
+from ._checkpoint_io import publish_directory, write_atomic_file, write_durable
+from ._checkpoint_state import snapshot, state_dict_from, stored_target, unshared
+from ._specs import OptimizerSpec, Problem, ProviderInfo
+from ._state import load_state_dict, registry_of, spec_of
+from ._state_check import check
+from .errors import CheckpointError, OptiplugError
+
+__all__ = [
+    "CheckpointInfo",
+    "LoadResult",
+    "ParameterInfo",
+    "export_torch",
+    "extra_tensors",
+    "import_torch",
+    "load",
+    "load_stored",
+    "save",
+    "verify",
+]
+
+PathLike = str | os.PathLike[str]
+
+
+@attrs.frozen
+class ParameterInfo:
+    """One parameter as a checkpoint recorded it.
+
+    Attributes:
+        index: position over all param groups.
+        name: its name, when the optimizer was built from named parameters.
+        group: its param-group index.
+        shape: its shape.
+        dtype: its dtype name (``"float32"``).
+        slots: the state slots saved for it (empty before its first step).
+    """
+
+    index: int
+    name: str | None
+    group: int
+    shape: tuple[int, ...]
+    dtype: str
+    slots: tuple[str, ...]
+
+
+@attrs.frozen
+class CheckpointInfo:
+    """What a verified checkpoint holds.
+
+    Attributes:
+        path: the checkpoint directory.
+        checkpoint_id: unique per save.
+        created: UTC time of the save (ISO 8601).
+        algorithm: the optimizer's algorithm name.
+        implementation: ``"loop"``, ``"foreach"``, ``"fused"``... when known.
+        optimizer_class: ``"module:Class"`` of the saved optimizer.
+        plugin: the plugin that provided the algorithm, when known.
+        versions: optiplug, torch, safetensors and Python versions at save time.
+        parameters: each parameter's record.
+        hyperparameters: each group's saved hyperparameters.
+        steps: the distinct values of the ``step`` slot, sorted (empty if none).
+        tensor_count: tensors in the tensor file.
+        tensor_bytes: size of the tensor file.
+        sha256: SHA-256 of the tensor file.
+        extra: the user data given to :func:`save`.
+        problems: filled by :func:`verify`: the saved state checked against
+            its own recorded parameters and its algorithm's schema (empty
+            when valid, and always empty from :func:`save` and :func:`load`).
+    """
+
+    path: str
+    checkpoint_id: str
+    created: str
+    algorithm: str
+    implementation: str | None
+    optimizer_class: str
+    plugin: ProviderInfo | None
+    versions: dict[str, str] = attrs.field(eq=False)
+    parameters: tuple[ParameterInfo, ...]
+    hyperparameters: tuple[dict[str, Any], ...] = attrs.field(eq=False)
+    steps: tuple[float, ...]
+    tensor_count: int
+    tensor_bytes: int
+    sha256: str
+    extra: dict[str, Any] = attrs.field(eq=False)
+    problems: tuple[Problem, ...] = ()
+
+
+@attrs.frozen
+class LoadResult:
+    """What :func:`load` did.
+
+    Attributes:
+        info: the checkpoint that was loaded.
+        problems: problems skipped (``strict=False``) and
+            ``hyperparameter-changed`` notes (the checkpoint's values won).
+        tensors: the named tensors given to :func:`save` as ``tensors=``.
+    """
+
+    info: CheckpointInfo
+    problems: tuple[Problem, ...]
+    tensors: dict[str, torch.Tensor] = attrs.field(factory=dict, eq=False)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The user data given to :func:`save`."""
+        return self.info.extra
+
+
+def save(
+    path: PathLike,
+    optimizer: Any,
+    *,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+    **extra: Any,
+) -> CheckpointInfo:
+    """Save ``optimizer``'s state to the directory ``path``, atomically.
+
+    The directory is written under a temporary name in the same parent,
+    every file fsynced, the commit marker written last, then renamed into
+    place (an earlier checkpoint at ``path`` is replaced atomically; a crash
+    at any point leaves the earlier one intact).
+
+    Args:
+        path: the checkpoint directory (created; parents too).
+        optimizer: any ``torch.optim.Optimizer``.
+        tensors: further named tensors to keep in the same verified tensor
+            file (a model's state dict, RNG states...); :func:`load` returns
+            them as ``LoadResult.tensors``.
+        **extra: JSON-serialisable data to keep with it (epoch, notes...).
+
+    Returns:
+        The :class:`CheckpointInfo` of what was written.
+
+    Raises:
+        TypeError: ``extra`` is not JSON-serialisable.
+        CheckpointError: ``path`` holds something other than a checkpoint, or
+            the state holds a value that cannot be stored.
+    """
+    _check_extra(extra)
+    spec = spec_of(optimizer, registry_of(optimizer))
+    metadata, stored = snapshot(optimizer, spec, extra)
+    added: dict[str, torch.Tensor] = {}
+    metadata["extra_tensors"] = {
+        key: encode(value, f"extra_tensors.{key}", added) for key, value in (tensors or {}).items()
+    }
+    stored = unshared({**stored, **added})
+    publish_directory(Path(path), lambda d: _write(d, metadata, stored), ALLOWED_FILES)
+    return _info(Path(path), metadata, stored)
+
+
+def _check_extra(extra: Mapping[str, Any]) -> None:
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as error:
+        message = f"checkpoint extra data must be JSON-serialisable: {error}"
+        raise TypeError(message) from error
+
+
+def _write(directory: Path, metadata: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save as to_bytes
+
+    header = {"format": FORMAT, "checkpoint_id": metadata["checkpoint_id"]}
+    data = to_bytes(tensors, metadata=header)
+    metadata["tensors"] = {
+        "file": TENSORS,
+        "sha256": sha256(data),
+        "bytes": len(data),
+        "count": len(tensors),
+    }
+    write_durable(directory / TENSORS, data)
+    text = json.dumps(metadata, indent=1).encode("utf-8")
+    write_durable(directory / METADATA, text)
+    marker = {"format": FORMAT, "checkpoint_id": metadata["checkpoint_id"]}
+    marker["metadata_sha256"] = sha256(text)
+    write_durable(directory / MARKER, json.dumps(marker).encode("utf-8"))
+
+
+def load(path: PathLike, optimizer: Any, *, strict: bool = True) -> LoadResult:
+    """Verify the checkpoint at ``path``, then load it into ``optimizer``.
+
+    Integrity (marker, hashes, schema, safetensors header) is checked before
+    the optimizer is touched; then the state is validated and loaded as by
+    :func:`optiplug.load_state_dict` (name-keyed, all-or-nothing, copied).
+    A checkpoint of another algorithm is a problem of kind ``algorithm``.
+
+    Args:
+        path: the checkpoint directory.
+        optimizer: the optimizer to load into.
+        strict: False loads what is valid and reports the rest.
+
+    Returns:
+        A :class:`LoadResult` (``.extra`` is the data given to :func:`save`).
+
+    Raises:
+        CheckpointError: missing, truncated, tampered or foreign files.
+        StateDictError: the state does not fit ``optimizer``; it is unchanged.
+    """
+    return load_stored(read_checkpoint(Path(path)), optimizer, strict=strict)
+
+
+def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadResult:
+    """Load an already verified checkpoint (see :func:`load`) into ``optimizer``."""
+    state_dict = state_dict_from(stored)
+    registry = registry_of(optimizer)
+    spec = spec_of(optimizer, registry)
+    mismatch = _algorithm_problems(stored.metadata["algorithm"], spec)
+    problems = load_state_dict(
+        optimizer, state_dict, strict=strict, registry=registry, extra_problems=mismatch
+    )
+    info = _info(stored.path, stored.metadata, stored.tensors)
+    return LoadResult(info, tuple(problems), extra_tensors(stored))
+
+
+def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:
+    """The named tensors given to :func:`save` as ``tensors=``, from a verified checkpoint.
+
+    Raises:
+        CheckpointError: the metadata names a tensor the file does not hold.
+    """
+    records = stored.metadata.get("extra_tensors", {})
+    if not isinstance(records, dict):
+        raise CheckpointError(f"{stored.path}: metadata field 'extra_tensors' is malformed")
+    where = f"{stored.path}: extra_tensors"
+    return {key: decode(value, stored.tensors, where) for key, value in records.items()}
+
+
+def _algorithm_problems(saved: str, spec: OptimizerSpec) -> list[Problem]:
+    if saved == spec.name:
+        return []
+    expected, found = f"a checkpoint of {spec.name}", f"a checkpoint of {saved}"
+    return [Problem(slot="algorithm", kind="algorithm", expected=expected, found=found)]
+
+
+def verify(path: PathLike) -> CheckpointInfo:
+    """Verify the checkpoint at ``path`` and describe it, without an optimizer.
+
+    Besides integrity, the saved state is validated against the parameters
+    the checkpoint recorded and its algorithm's state schema (when that
+    algorithm is installed; generic checks otherwise); what fails is in
+    :attr:`CheckpointInfo.problems`.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        The :class:`CheckpointInfo`.
+
+    Raises:
+        CheckpointError: missing, truncated, tampered or foreign files.
+    """
+    stored = read_checkpoint(Path(path))
+    state_dict = state_dict_from(stored)
+    report = check(_self_target(stored, state_dict), state_dict)
+    info = _info(stored.path, stored.metadata, stored.tensors)
+    return attrs.evolve(info, problems=tuple(sorted(report.problems)))
+
+
+def _self_target(stored: Stored, state_dict: Mapping[str, Any]) -> Any:
+    from ._api import default_registry
+
+    registry = default_registry()
+    name = stored.metadata["algorithm"]
+    try:
+        spec = registry.spec(name)
+    except OptiplugError:
+        spec = OptimizerSpec(name=name, factory=object)
+    others = tuple(registry.optimizer_specs())
+    return stored_target(stored, state_dict, spec, others)
+
+
+def _info(path: Path, metadata: Mapping[str, Any], tensors: Mapping[str, Any]) -> CheckpointInfo:
+    slots = {int(k): tuple(v) for k, v in metadata["state"].items()}
+    ids = [i for group in metadata["param_groups"] for i in group["params"]]
+    plugin = metadata["plugin"]
+    return CheckpointInfo(
+        path=str(path),
+        checkpoint_id=metadata["checkpoint_id"],
+        created=metadata["created"],
+        algorithm=metadata["algorithm"],
+        implementation=metadata["implementation"],
+        optimizer_class=metadata["optimizer_class"],
+        plugin=_provider(plugin),
+        versions=dict(metadata["versions"]),
+        parameters=tuple(_parameter(r, ids, slots) for r in metadata["parameters"]),
+        hyperparameters=tuple(_hyperparameters(g, tensors) for g in metadata["param_groups"]),
+        steps=_steps(metadata, tensors),
+        tensor_count=metadata["tensors"]["count"],
+        tensor_bytes=metadata["tensors"]["bytes"],
+        sha256=metadata["tensors"]["sha256"],
+        extra=dict(metadata["extra"]),
+    )
+
+
+def _hyperparameters(group: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: decode(v, tensors, "param group") for k, v in group["hyperparameters"].items()}
+
+
+def _provider(plugin: Any) -> ProviderInfo | None:
+    if not isinstance(plugin, dict):
+        return None
+    fields = ("plugin", "distribution", "version")
+    return ProviderInfo(*(str(plugin.get(field, "?")) for field in fields))
+
+
+def _parameter(
+    record: Mapping[str, Any], ids: list[Any], slots: Mapping[int, tuple[str, ...]]
+) -> ParameterInfo:
+    index = record["index"]
+    saved_id = ids[index] if isinstance(index, int) and 0 <= index < len(ids) else None
+    return ParameterInfo(
+        index=index,
+        name=record.get("name"),
+        group=record["group"],
+        shape=tuple(record["shape"]),
+        dtype=record["dtype"],
+        slots=slots.get(saved_id, ()),
+    )
+
+
+def _steps(metadata: Mapping[str, Any], tensors: Mapping[str, Any]) -> tuple[float, ...]:
+    values = set()
+    for entry in metadata["state"].values():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if isinstance(step, dict) and step.get("tensor") in tensors:
+            tensor = tensors[step["tensor"]]
+            if tensor.numel() == 1 and tensor.is_floating_point():
+                values.add(float(tensor.reshape(()).item()))
+        elif isinstance(step, (int, float)) and not isinstance(step, bool):
+            values.add(float(step))
+    return tuple(sorted(values))
+
+
+def export_torch(path: PathLike, optimizer: Any) -> None:
+    """Write ``optimizer.state_dict()`` as a plain torch file, atomically.
+
+    The file loads with ``torch.load(path, weights_only=True)`` into plain
+    torch (``torch.optim.AdamW.load_state_dict``) or with :func:`import_torch`.
+
+    Args:
+        path: the file to write (replaced atomically if it exists).
+        optimizer: any ``torch.optim.Optimizer``.
+    """
+    state_dict = optimizer.state_dict()
+    write_atomic_file(Path(path), lambda temporary: torch.save(state_dict, temporary))
+
+
+def import_torch(path: PathLike, optimizer: Any, *, strict: bool = True) -> list[Problem]:
+    """Load a torch-format optimizer state dict file, validated like a checkpoint.
+
+    The file is read with ``torch.load(weights_only=True)`` (no arbitrary
+    code) onto the CPU, then loaded as by :func:`optiplug.load_state_dict`.
+
+    Args:
+        path: a file written by :func:`export_torch` or ``torch.save(opt.state_dict())``.
+        optimizer: the optimizer to load into.
+        strict: False loads what is valid and reports the rest.
+
+    Returns:
+        As :func:`optiplug.load_state_dict`.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not a torch file.
+        StateDictError: the state does not fit ``optimizer``; it is unchanged.
+    """
+    try:
+        state_dict = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError as error:
+        raise CheckpointError(f"no torch state file at {path}") from error
+    except Exception as error:
+        message = f"{path} is not a readable torch file (truncated or corrupt?): {error}"
+        raise CheckpointError(message) from error
+    return load_state_dict(optimizer, state_dict, strict=strict)

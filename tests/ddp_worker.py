@@ -1,0 +1,94 @@
+"""One rank of a 2-process gloo training run, driven by tests/test_graph_distributed.py.
+
+Usage: ``python ddp_worker.py RANK WORLD OUT_DIR STEPS [--die-after K] [--save-every K]``.
+The ranks meet through a file store in OUT_DIR (no TCP port to race for).
+Each rank trains the same seeded model with Graph (which wraps DDP and shards
+the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt``.
+``--die-after K`` makes rank 1 kill itself (SIGKILL) after K steps;
+``--save-every K`` saves a Graph checkpoint to ``OUT_DIR/ckpt`` every K steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import optiplug
+
+TIMEOUT = datetime.timedelta(seconds=20)
+
+
+class Lines(Dataset):
+    """A fixed regression dataset: 64 samples of 6 features."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1)
+        self.x = torch.randn(64, 6, generator=generator)
+        self.y = self.x @ torch.arange(6.0).reshape(6, 1) + 0.5
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def train(
+    graph: optiplug.Graph, steps: int, die_after: int | None, save_every: int | None, out: Path
+) -> None:
+    epoch = 0
+    while graph.training_step < steps:
+        for batch in graph.epoch(epoch):
+            loss = torch.nn.functional.mse_loss(
+                graph.forward_batch(batch), graph.targets(batch)["y"]
+            )
+            graph.backward(loss)
+            graph.step()
+            if save_every and graph.training_step % save_every == 0:
+                graph.save(out / "ckpt")
+            if die_after is not None and graph.training_step == die_after and graph.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if graph.training_step >= steps:
+                return
+        epoch += 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    for name in ("rank", "world"):
+        parser.add_argument(name, type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--die-after", type=int)
+    parser.add_argument("--save-every", type=int)
+    args = parser.parse_args()
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"file://{args.out / 'rendezvous'}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=TIMEOUT,
+    )
+    graph = optiplug.Graph(model())
+    graph.set_optimizer("sgd", lr=0.05, momentum=0.9)
+    graph.set_data_loader(DataLoader(Lines(), batch_size=4), forward_input="x")
+    train(graph, args.steps, args.die_after, args.save_every, args.out)
+    torch.save([p.detach() for p in graph.parameters()], args.out / f"rank{args.rank}.pt")
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

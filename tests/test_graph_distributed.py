@@ -1,0 +1,92 @@
+"""Graph under torch.distributed: 2 gloo processes on this machine (tests/ddp_worker.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.distributed.is_available(), reason="torch.distributed unavailable"
+    ),
+]
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+import ddp_worker  # noqa: E402
+
+
+def launch(out: Path, steps: int, *extra: str) -> list[subprocess.Popen[str]]:
+    command = [sys.executable, str(WORKER)]
+    return [
+        subprocess.Popen(
+            [*command, str(rank), "2", str(out), str(steps), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+
+
+def wait_all(processes: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + timeout
+    results = []
+    for process in processes:
+        try:
+            _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
+            results.append((None, err))
+            continue
+        results.append((process.returncode, err))
+    return results
+
+
+def single_process_reference(steps: int) -> list[torch.Tensor]:
+    """The same training on the global batches (both ranks' samples) in one process."""
+    model = ddp_worker.model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = ddp_worker.Lines()
+    global_batch = 8  # 2 ranks x 4
+    for step in range(steps):
+        start = (step * global_batch) % len(data)
+        x, y = data.x[start : start + global_batch], data.y[start : start + global_batch]
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_two_ranks_agree_and_equal_single_process_training(tmp_path: Path) -> None:
+    steps = 12
+    results = wait_all(launch(tmp_path, steps), timeout=120)
+    assert [code for code, _ in results] == [0, 0], results
+    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert all(torch.equal(p, q) for p, q in zip(rank0, rank1, strict=True))
+    for p, q in zip(rank0, single_process_reference(steps), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_killed_rank_fails_the_job_cleanly_and_last_checkpoint_loads(tmp_path: Path) -> None:
+    started = time.monotonic()
+    results = wait_all(launch(tmp_path, 1000, "--die-after", "6", "--save-every", "3"), timeout=90)
+    elapsed = time.monotonic() - started
+    (code0, err0), (code1, _) = results
+    assert code1 == -9  # rank 1 was killed
+    assert code0 not in (0, None), err0  # rank 0 failed instead of hanging
+    assert elapsed < 60
+    import optiplug
+
+    graph = optiplug.Graph(ddp_worker.model())
+    graph.set_optimizer("sgd", lr=0.05, momentum=0.9)
+    graph.load(tmp_path / "ckpt")
+    assert graph.training_step == 6
