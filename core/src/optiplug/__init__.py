@@ -34,6 +34,7 @@ from ._hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._implementations import torch_implementations
 from ._lazy import LazyCallable, lazy
 from ._registry import ENTRY_POINT_GROUP, PluginWarning, Registry
+from ._routing import ParameterRoute, Routing
 from ._schedules import Schedule
 from ._specs import (
     Candidate,
@@ -59,11 +60,13 @@ __all__ = [
     "LazyCallable",
     "OptimizerFactory",
     "OptimizerSpec",
+    "ParameterRoute",
     "PluginInfo",
     "PluginWarning",
     "Problem",
     "ProviderInfo",
     "Registry",
+    "Routing",
     "Schedule",
     "ScheduleSpec",
     "Selection",

@@ -303,7 +303,7 @@ class Graph:
     def step(self) -> bool:
         """Count one micro-batch; every ``accumulate``-th, take an optimizer step.
 
-        The step sets each group's lr to base * schedule(training_step) ×
+        The step sets each group's lr to base * schedule(training_step) *
         lr_scale, steps, zeros the gradients and increments ``training_step``
         (unless fp16 gradient scaling skipped it for inf/NaN gradients).
 

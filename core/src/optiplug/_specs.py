@@ -134,6 +134,9 @@ class OptimizerSpec:
             checks only).
         implementations: implementations shipped with the algorithm.
         capabilities: free-form tags (``"matrices"``, ``"sparse"``...).
+        example_hparams: keywords that make a working example (the
+            conformance checks add them, e.g. the required ``routes`` of
+            ``multi``).
         provider: filled in by the registry.
     """
 
@@ -146,6 +149,7 @@ class OptimizerSpec:
     state_slots: tuple[StateSlot, ...] | None = None
     implementations: tuple[ImplementationSpec, ...] = attrs.field(default=(), converter=tuple)
     capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    example_hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     provider: ProviderInfo | None = None
 
     @property

@@ -8,7 +8,10 @@ otherwise a schema-less spec named after the class (generic checks only).
 
 Loading validates first, builds the new state and groups aside (copying every
 tensor), and only then swaps them in, so a failure leaves the optimizer
-exactly as it was.
+exactly as it was. An optimizer composed of sub-optimizers validates and
+loads its own state dicts through two methods (:data:`COMPOSITE_VALIDATE`,
+:data:`COMPOSITE_LOAD`), typically by splitting the dict and calling these
+functions per sub-optimizer.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ __all__ = [
 ]
 
 _log = logging.getLogger("optiplug.state")
+
+COMPOSITE_VALIDATE = "optiplug_validate_state_dict"
+COMPOSITE_LOAD = "optiplug_load_state_dict"
+"""Methods an optimizer made of sub-optimizers (``multi``) defines to validate
+and load its own state dicts; :func:`validate_state_dict` and
+:func:`load_state_dict` delegate to them."""
 _GROUP_META = ("params", "param_names")
 
 
@@ -107,6 +116,9 @@ def validate_state_dict(
     Returns:
         The problems, sorted; empty when the state dict is valid.
     """
+    own = getattr(optimizer, COMPOSITE_VALIDATE, None)
+    if callable(own):
+        return sorted(own(state_dict))
     registry = registry if registry is not None else registry_of(optimizer)
     spec = spec_of(optimizer, registry)
     return sorted(_report(optimizer, spec, registry, state_dict).problems)
@@ -173,6 +185,9 @@ def load_state_dict(
         StateDictError: a problem with ``strict=True``, or a structure that
             cannot be loaded even partially; the optimizer is unchanged.
     """
+    own = getattr(optimizer, COMPOSITE_LOAD, None)
+    if callable(own):
+        return own(state_dict, strict=strict, extra_problems=tuple(extra_problems))
     registry = registry if registry is not None else registry_of(optimizer)
     state_dict = _pre_hooks(optimizer, state_dict)
     spec = spec_of(optimizer, registry)

@@ -87,7 +87,12 @@ def _build(
     **hparams: Any,
 ) -> torch.optim.Optimizer:
     registry = registry or default_registry()
-    return registry.create(name, list(named), impl=impl, **{**_DEFAULT_HPARAMS, **hparams})
+    spec = registry.spec(name)
+    fields = {h.name for h in spec.hyperparameters}
+    defaults = {k: v for k, v in _DEFAULT_HPARAMS.items() if k in fields or not fields}
+    return registry.create(
+        name, list(named), impl=impl, **{**defaults, **spec.example_hparams, **hparams}
+    )
 
 
 def _train(
@@ -172,7 +177,9 @@ def _expect_error(
     name: str, impl: str | None, registry: Registry, field: str, hparams: dict[str, Any]
 ) -> HyperparameterError:
     try:
-        registry.create(name, list(_model()), impl=impl, **hparams)
+        registry.create(
+            name, list(_model()), impl=impl, **{**registry.spec(name).example_hparams, **hparams}
+        )
     except HyperparameterError as error:
         assert error.field == field, f"{name}: error names {error.field!r}, expected {field!r}"
         assert field in str(error) and name in str(error), f"{name}: unclear message {error}"

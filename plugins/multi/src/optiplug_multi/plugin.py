@@ -1,0 +1,25 @@
+"""Entry-point module of optiplug-multi: hookimpls only, no torch import."""
+
+from __future__ import annotations
+
+import optiplug
+
+OPTIPLUG_API = 1
+
+
+@optiplug.hookimpl
+def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
+    """Provide ``multi``."""
+    return [
+        optiplug.OptimizerSpec(
+            name="multi",
+            factory=optiplug.lazy("optiplug_multi.optimizer:MultiOptimizer"),
+            description=(
+                "Several registered algorithms over disjoint parameter sets, as one optimizer "
+                "with one state dict; routes match parameters by glob, predicate or list, "
+                "first match wins."
+            ),
+            example_hparams={"routes": [{"algorithm": "sgd", "match": "*", "lr": 0.05}]},
+            capabilities={"composite"},
+        )
+    ]
