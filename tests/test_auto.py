@@ -120,7 +120,7 @@ def test_from_pretrained_errors_name_the_path(tmp_path: Path) -> None:
     assert "pass a local directory containing config.json" in str(caught.value)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ModelConfigError, match="empty: directory has no config.json"):
+    with pytest.raises(ModelConfigError, match=r"empty: directory has no config\.json"):
         AutoOptimizer.from_pretrained(empty)
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import optiplug
 from optiplug import Graph
-from optiplug.errors import HyperparameterError
 from optiplug._graph import GraphError
+from optiplug.errors import HyperparameterError
 
 
 class Pairs(Dataset):

@@ -1,0 +1,124 @@
+"""Muon step time: optiplug's muon against torch.optim.Muon, batched against unbatched.
+
+The parameter set is GPT-2-small-shaped: 12 layers x {768x2304, 768x768,
+768x3072, 3072x768} fp32 matrices (85M parameters) with fixed random
+gradients. All optimizers use the same hyperparameters (lr=0.02,
+momentum=0.95, Nesterov, 5 Newton-Schulz steps, no weight decay,
+adjust_lr "original") and Newton-Schulz in bf16, as torch does. Steps are
+interleaved (one step of each in turn) so load from other processes affects
+all alike; the table shows the median and the best step time, and the speedup
+over torch.optim.Muon from medians. Afterwards it checks that each optiplug
+variant's parameters equal torch's within the bf16 bound
+``steps * lr * adjust * 2**-8``.
+
+    python benchmarks/bench_muon.py            # 12 layers, 5 timed steps
+    python benchmarks/bench_muon.py --quick    # 2 layers, 2 timed steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from optiplug_muon import Muon
+
+SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))
+LR = 0.02
+
+
+def parameter_set(layers: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Start values and gradients of the GPT-2-shaped matrices."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [shape for _ in range(layers) for shape in SHAPES]
+    values = [0.02 * torch.randn(s, generator=generator) for s in shapes]
+    grads = [torch.randn(s, generator=generator) for s in shapes]
+    return values, grads
+
+
+def build(values: list[torch.Tensor], grads: list[torch.Tensor], make: Callable) -> tuple:
+    """Fresh parameters (sharing the read-only gradients) and their optimizer."""
+    params = [torch.nn.Parameter(v.clone()) for v in values]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    return make(params), params
+
+
+def optimizers() -> dict[str, Callable]:
+    common = {"momentum": 0.95, "nesterov": True, "weight_decay": 0.0}
+    with_names = {"ns_dtype": torch.bfloat16, "adjust_lr": "original", **common}
+    return {
+        "torch.optim.Muon": lambda p: torch.optim.Muon(p, lr=LR, adjust_lr_fn="original", **common),
+        "optiplug muon (batched)": lambda p: Muon(p, lr=LR, ns_batch=True, **with_names),
+        "optiplug muon (unbatched)": lambda p: Muon(p, lr=LR, ns_batch=False, **with_names),
+    }
+
+
+def time_interleaved(runs: dict[str, tuple], steps: int) -> dict[str, list[float]]:
+    """One warm-up step each, then ``steps`` timed steps each, taking turns."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for optimizer, _ in runs.values():
+        optimizer.step()
+    for _ in range(steps):
+        for name, (optimizer, _) in runs.items():
+            start = time.perf_counter()
+            optimizer.step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def max_error(params: list[torch.Tensor], reference: list[torch.Tensor]) -> tuple[float, float]:
+    """Largest |difference| to torch's parameters, and the bf16 bound it must stay within."""
+    worst, bound = 0.0, 0.0
+    for ours, theirs in zip(params, reference, strict=True):
+        rows, cols = ours.shape
+        worst = max(worst, (ours - theirs).abs().max().item())
+        bound = max(bound, math.sqrt(max(1, rows / cols)) * LR * 2**-8)
+    return worst, bound
+
+
+def report(times: dict[str, list[float]], runs: dict[str, tuple], steps: int) -> None:
+    base = statistics.median(times["torch.optim.Muon"])
+    reference = runs["torch.optim.Muon"][1]
+    print(f"{'optimizer':<28}{'median s':>10}{'best s':>9}{'speedup':>9}  max |diff| vs torch")
+    for name, values in times.items():
+        median = statistics.median(values)
+        worst, bound = max_error(runs[name][1], reference)
+        check = (
+            "" if name.startswith("torch") else f"  {worst:.2e} (bound {bound * (steps + 1):.2e})"
+        )
+        print(f"{name:<28}{median:>10.3f}{min(values):>9.3f}{base / median:>8.2f}x{check}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 layers, 2 timed steps")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    layers, steps = (2, 2) if args.quick else (args.layers, args.steps)
+    values, grads = parameter_set(layers)
+    count = sum(v.numel() for v in values)
+    print(
+        f"{layers} layers x {len(SHAPES)} matrices, {count / 1e6:.1f}M parameters, fp32, "
+        f"NS in bf16; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bare tensors: the routing warning is expected
+        runs = {name: build(values, grads, make) for name, make in optimizers().items()}
+    times = time_interleaved(runs, steps)
+    report(times, runs, steps)
+
+
+if __name__ == "__main__":
+    main()

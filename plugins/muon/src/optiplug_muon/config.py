@@ -1,0 +1,228 @@
+"""Hyperparameters and state layout of Muon with its auxiliary AdamW (torch-free)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import attrs
+
+from optiplug import StateSlot
+from optiplug.errors import HyperparameterError
+from optiplug.validators import (
+    betas,
+    boolean,
+    hyperparameter,
+    learning_rate,
+    non_negative,
+    positive,
+    positive_int,
+    unit_interval,
+)
+
+__all__ = [
+    "ADJUST_LR",
+    "AUX_KEYS",
+    "DEFAULT_AUX_PATTERNS",
+    "MUON_KEYS",
+    "MUON_STATE",
+    "NS_DTYPES",
+    "MuonConfig",
+    "ns_dtype_name",
+]
+
+ADJUST_LR = ("original", "match_rms_adamw")
+"""``original``: lr * sqrt(max(1, rows/cols)); ``match_rms_adamw``: lr * 0.2 * sqrt(max(rows, cols))."""
+
+NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
+"""Dtypes Newton-Schulz may run in (None picks per device)."""
+
+DEFAULT_AUX_PATTERNS = (
+    "*embed*",
+    "wte",
+    "wpe",
+    "tok_emb*",
+    "pos_emb*",
+    "lm_head",
+    "head",
+    "output",
+    "classifier",
+)
+"""Globs (case-insensitive) matched against a parameter's module name (the last
+component before ``.weight``) and its own attribute name; a match sends it to AdamW."""
+
+MUON_KEYS = (
+    "lr",
+    "momentum",
+    "nesterov",
+    "ns_steps",
+    "ns_coefficients",
+    "eps",
+    "weight_decay",
+    "adjust_lr",
+    "ns_dtype",
+    "ns_batch",
+)
+"""The keys of a Muon param group (besides ``params`` and ``use_muon``)."""
+
+AUX_KEYS = {
+    "lr": "aux_lr",
+    "aux_betas": "aux_betas",
+    "eps": "aux_eps",
+    "weight_decay": "aux_weight_decay",
+}
+"""The keys of an auxiliary AdamW param group -> the config field they come from.
+
+``lr``, ``eps`` and ``weight_decay`` use the common names (schedulers and tools
+read them); the betas keep their config name, so every group key is a
+MuonConfig field and a checkpoint may change it."""
+
+
+def ns_dtype_name(value: Any) -> str | None:
+    """Normalise an ``ns_dtype`` (None, ``"bfloat16"`` or ``torch.bfloat16``) to a name.
+
+    Args:
+        value: None (choose per device), a dtype name, or a ``torch.dtype``.
+
+    Returns:
+        None or one of :data:`NS_DTYPES`.
+
+    Raises:
+        HyperparameterError: not a supported floating dtype.
+    """
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    if name not in NS_DTYPES:
+        raise HyperparameterError(
+            "ns_dtype", value, f"must be None or one of {', '.join(NS_DTYPES)}"
+        )
+    return name
+
+
+def _coefficients(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    ok = isinstance(value, tuple) and len(value) == 3
+    if ok:
+        ok = all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value
+        )
+    if not ok:
+        raise HyperparameterError(attribute.name, value, "must be three finite numbers (a, b, c)")
+
+
+def _one_of(*choices: Any) -> Any:
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in choices:
+            raise HyperparameterError(attribute.name, value, f"must be one of {choices}")
+
+    return check
+
+
+def _ns_dtype(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    ns_dtype_name(value)
+
+
+def _patterns(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise HyperparameterError(attribute.name, value, "must be a tuple of glob strings")
+
+
+def _optional_bool(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise HyperparameterError(attribute.name, value, "must be None, True or False")
+
+
+def _module(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not callable(getattr(value, "named_modules", None)):
+        raise HyperparameterError(attribute.name, value, "must be a torch.nn.Module or None")
+
+
+@attrs.frozen
+class MuonConfig:
+    """Muon hyperparameters, the auxiliary AdamW's, and the routing options.
+
+    Muon: momentum ``m = momentum*m + (1-momentum)*g``; the update direction
+    (``(1-momentum)*g + momentum*m`` with Nesterov, else ``m``) is
+    orthogonalised by ``ns_steps`` quintic Newton-Schulz iterations and applied
+    as ``p = p*(1 - lr*weight_decay) - adjusted_lr * O``.
+
+    Attributes:
+        lr: Muon's learning rate (before ``adjust_lr``).
+        momentum: momentum factor in [0, 1).
+        nesterov: use the Nesterov direction.
+        ns_steps: Newton-Schulz iterations.
+        ns_coefficients: (a, b, c) of the quintic iteration.
+        eps: floor of the Frobenius norm the input is divided by.
+        weight_decay: decoupled, with the unadjusted lr.
+        adjust_lr: ``"original"`` or ``"match_rms_adamw"`` (see :data:`ADJUST_LR`).
+        ns_dtype: dtype Newton-Schulz runs in; None = bfloat16 where the device
+            has fast bf16 matmul, else float32.
+        ns_batch: orthogonalise same-shape matrices in one batched matmul
+            (keeps a persistent workspace of about twice their size in ns_dtype).
+        aux: ``"adamw"`` (non-Muon parameters go to an auxiliary AdamW) or None
+            (they are an error).
+        aux_lr: the auxiliary AdamW's learning rate.
+        aux_betas: its betas.
+        aux_eps: its eps.
+        aux_weight_decay: its decoupled weight decay.
+        model: the module the parameters come from; enables detection of
+            embeddings and output heads by module type.
+        aux_patterns: name globs marking embeddings and heads (see
+            :data:`DEFAULT_AUX_PATTERNS`); ``()`` disables name matching.
+        force_muon: globs on full parameter names always sent to Muon.
+        force_aux: globs on full parameter names always sent to AdamW.
+        use_muon: None routes each parameter; True/False sends every parameter
+            (of this param group, when given in a group dict) to Muon/AdamW.
+    """
+
+    lr: float = hyperparameter(0.02, learning_rate, "finite, >= 0")
+    momentum: float = hyperparameter(0.95, unit_interval, "in [0, 1)")
+    nesterov: bool = hyperparameter(True, boolean, "bool")
+    ns_steps: int = hyperparameter(5, positive_int, "integer >= 1")
+    ns_coefficients: tuple[float, float, float] = hyperparameter(
+        (3.4445, -4.7750, 2.0315), _coefficients, "three finite numbers"
+    )
+    eps: float = hyperparameter(1e-7, positive, "> 0")
+    weight_decay: float = hyperparameter(0.0, non_negative, ">= 0 (decoupled: p *= 1 - lr*wd)")
+    adjust_lr: str = hyperparameter("original", _one_of(*ADJUST_LR), " | ".join(ADJUST_LR))
+    ns_dtype: object = hyperparameter(None, _ns_dtype, "None (auto) | " + " | ".join(NS_DTYPES))
+    ns_batch: bool = hyperparameter(True, boolean, "bool")
+    aux: str | None = hyperparameter("adamw", _one_of("adamw", None), "'adamw' | None")
+    aux_lr: float = hyperparameter(3e-4, learning_rate, "finite, >= 0")
+    aux_betas: tuple[float, float] = hyperparameter((0.9, 0.95), betas, "each in [0, 1)")
+    aux_eps: float = hyperparameter(1e-10, positive, "> 0")
+    aux_weight_decay: float = hyperparameter(0.0, non_negative, ">= 0")
+    model: object = hyperparameter(None, _module, "torch.nn.Module | None")
+    aux_patterns: tuple[str, ...] = hyperparameter(DEFAULT_AUX_PATTERNS, _patterns, "globs")
+    force_muon: tuple[str, ...] = hyperparameter((), _patterns, "globs on parameter names")
+    force_aux: tuple[str, ...] = hyperparameter((), _patterns, "globs on parameter names")
+    use_muon: bool | None = hyperparameter(None, _optional_bool, "None | bool")
+
+
+MUON_STATE = (
+    StateSlot(
+        "momentum_buffer",
+        when="use_muon",
+        description="Muon momentum (EMA of gradients), in Muon param groups",
+    ),
+    StateSlot(
+        "step",
+        shape="scalar",
+        dtype="float32",
+        when="aux_betas",
+        constraints=("finite", "non_negative", "integral"),
+        description="AdamW steps taken, in auxiliary AdamW groups (those with aux_betas)",
+    ),
+    StateSlot("exp_avg", when="aux_betas", description="AdamW first moment, in AdamW groups"),
+    StateSlot(
+        "exp_avg_sq",
+        when="aux_betas",
+        constraints=("finite", "non_negative"),
+        description="AdamW second moment, in AdamW groups",
+    ),
+)
+"""Muon groups (``use_muon`` true) keep ``momentum_buffer``; AdamW groups (which
+have ``aux_betas`` and ``use_muon`` false) keep torch AdamW's ``step``, ``exp_avg``,
+``exp_avg_sq``."""

@@ -1,0 +1,45 @@
+"""Entry-point module of optiplug-muon: hookimpls only, no torch import."""
+
+from __future__ import annotations
+
+import optiplug
+
+from .config import MUON_STATE, MuonConfig
+
+OPTIPLUG_API = 1
+
+PRETRAINING_SCORE = 30.0
+"""Outranks the core's task rules (20) for causal-LM pretraining only."""
+
+
+@optiplug.hookimpl
+def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
+    """Provide ``muon``."""
+    return [
+        optiplug.OptimizerSpec(
+            name="muon",
+            factory=optiplug.lazy("optiplug_muon.optimizer:Muon"),
+            config=MuonConfig,
+            description=(
+                "Muon: Newton-Schulz-orthogonalised Nesterov momentum for hidden matrices; "
+                "embeddings, output heads and non-matrix parameters go to an auxiliary AdamW "
+                "in the same optimizer (see optimizer.routing())."
+            ),
+            state_slots=MUON_STATE,
+            capabilities=frozenset({"matrices", "routing"}),
+        )
+    ]
+
+
+@optiplug.hookimpl
+def optiplug_select_optimizer(
+    request: optiplug.SelectionRequest,
+) -> list[optiplug.Candidate]:
+    """Propose muon (at its defaults) for causal-LM pretraining; nothing otherwise."""
+    if request.task != "text-generation" or request.stage != "pretraining":
+        return []
+    reason = (
+        "causal-LM pretraining: Muon trains the hidden matrices in fewer steps than AdamW "
+        "(embeddings, head and norms go to its auxiliary AdamW); pass named_parameters()"
+    )
+    return [optiplug.Candidate("muon", {}, PRETRAINING_SCORE, reason, rule="muon:pretraining")]
