@@ -113,7 +113,7 @@ def test_unknown_name_lists_and_suggests() -> None:
 
 
 def test_failed_plugin_warns_others_work_and_name_is_unavailable() -> None:
-    registry = optiplug.Registry(autoload=False)
+    registry = optiplug.Registry(autoload=False, strict=False)
     registry.register(plugin_module("good", sgd_spec("good")), "good")
     with pytest.warns(optiplug.PluginWarning, match="broken"):
         info = registry.register(
@@ -137,7 +137,7 @@ def test_wrong_record_type_fails_the_plugin_and_nothing_half_applies() -> None:
         return ["not a ScheduleSpec"]
 
     module.optiplug_schedules = optiplug_schedules
-    registry = optiplug.Registry(autoload=False)
+    registry = optiplug.Registry(autoload=False, strict=False)
     with pytest.warns(optiplug.PluginWarning):
         info = registry.register(module, "half")
     assert info.status == "failed" and "ScheduleSpec" in info.error
@@ -162,7 +162,7 @@ def test_disabled_plugin_is_not_loaded_and_explained() -> None:
 
 @pytest.mark.parametrize("api", [2, "3.1", "x"])
 def test_incompatible_api_is_refused(api: object) -> None:
-    registry = optiplug.Registry(autoload=False)
+    registry = optiplug.Registry(autoload=False, strict=False)
     info = registry.register(plugin_module("future", sgd_spec("future"), api=api), "future")
     assert info.status == "incompatible" and "API" in info.error
     with pytest.raises(OptimizerUnavailableError, match="incompatible"):

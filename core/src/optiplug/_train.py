@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,23 +41,38 @@ from .errors import HyperparameterError, OptimizerUnavailableError, OptiplugErro
 
 __all__ = [
     "RESUMABLE_FIELDS",
+    "SAVED_DEFAULTS",
     "CharTransformer",
     "Corpus",
     "Progress",
     "Skipped",
     "TrainConfig",
     "TrainResult",
+    "Windows",
+    "availability",
+    "build_graph",
+    "check_run",
     "compare",
+    "echo",
     "generate",
     "launch",
     "load_corpus",
+    "make_schedule",
     "mean_loss",
+    "next_token_loss",
+    "parse_compare",
     "plot_losses",
     "read_run_file",
     "resolve_optimizer",
+    "save_run",
+    "smooth",
+    "spread",
     "stdlib_files",
+    "torch_threads",
     "train",
+    "unavailable",
     "unigram_entropy",
+    "windows",
 ]
 
 VALIDATION_FRACTION = 0.1
@@ -66,6 +81,11 @@ RUN_FILE = "train.json"
 _RUN_FILE_VERSION = 1
 _EVAL_BATCH = 128
 _FINAL_WINDOWS = 4096
+
+
+def echo(line: str) -> None:
+    """Print ``line`` to stdout and flush (log lines show up at once in a file or pipe)."""
+    print(line, flush=True)
 
 
 def _at_least(minimum: int) -> Callable[[Any, attrs.Attribute, Any], None]:
@@ -124,6 +144,8 @@ class TrainConfig:
         resume: directory to resume from, or None.
         stop_at: stop after this step (saving first), keeping the schedule over ``steps``.
         nproc: processes (torch.distributed, gloo); each gets ``batch_size / nproc``.
+        threads: torch intra-op threads (per process); None keeps torch's default
+            (with ``nproc``: the CPU count divided among the processes).
     """
 
     steps: int = attrs.field(default=500, validator=_at_least(1))
@@ -154,6 +176,7 @@ class TrainConfig:
     resume: str | None = None
     stop_at: int | None = attrs.field(default=None, validator=_optional(1))
     nproc: int = attrs.field(default=1, validator=_at_least(1))
+    threads: int | None = attrs.field(default=None, validator=_optional(1))
 
     def __attrs_post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -206,6 +229,10 @@ RESUMABLE_FIELDS = (
     "nproc",
 )
 """Options a resumed run takes from ``train.json`` and may not change."""
+
+SAVED_DEFAULTS = ("threads", "save_every")
+"""Options a resumed run takes from ``train.json`` unless given (the thread count
+changes the order of float sums, so keeping it keeps a resumed run bit-identical)."""
 
 
 # ------------------------------------------------------------------ corpus
@@ -517,7 +544,7 @@ class Progress:
         start: int = 0,
         stream: IO[str] | None = None,
         quiet: bool = False,
-        log: Callable[[str], None] | None = print,
+        log: Callable[[str], None] | None = echo,
         label: str = "",
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
@@ -564,10 +591,12 @@ class Progress:
             parts.append(f"[{'#' * round(20 * done):.<20}] {100 * done:3.0f}%")
         rate = self.rate()
         parts.append(f"{rate:5.1f} steps/s")
-        parts.append(f"loss {self.loss:.3f}")
+        if not math.isnan(self.loss):
+            parts.append(f"loss {self.loss:.3f}")
         if not math.isnan(self.val):
             parts.append(f"val {self.val:.3f}")
-        parts.append(f"lr {self.lr:.2e}")
+        if not math.isnan(self.lr):
+            parts.append(f"lr {self.lr:.2e}")
         if bar and rate > 0:
             parts.append(f"eta {_duration((self.total - self.step) / rate)}")
         return "  ".join(parts)
@@ -733,7 +762,7 @@ def _require_checkpoints(graph: Graph, option: str) -> None:
 
 
 def _run_file_payload(config: TrainConfig, corpus: Corpus, step: int) -> dict[str, Any]:
-    options = {name: getattr(config, name) for name in RESUMABLE_FIELDS}
+    options = {name: getattr(config, name) for name in RESUMABLE_FIELDS + SAVED_DEFAULTS}
     options["schedule_params"] = [list(pair) for pair in config.schedule_params]
     return {
         "format": _RUN_FILE_VERSION,
@@ -796,6 +825,8 @@ def _resume(graph: Graph, config: TrainConfig, corpus: Corpus) -> None:
             f"--resume {config.resume!r}: the corpus's characters differ from the saved run's"
         )
     graph.load(Path(config.resume) / CHECKPOINT_NAME)
+    if saved["steps"] != config.steps:  # a longer (or shorter) run: stretch the schedule
+        graph.set_scheduler(make_schedule(config))
 
 
 @attrs.define
@@ -828,7 +859,7 @@ class _Evaluator:
 def _steps(graph: Graph, last_step: int) -> Iterator[torch.Tensor]:
     """Train until ``last_step``, yielding each step's loss (after the step)."""
     while graph.training_step < last_step:
-        epoch = graph.training_step // graph.data_num_batches
+        epoch = graph.data_position[0]
         with contextlib.closing(graph.epoch(epoch)) as batches:
             for batch in batches:
                 logits = graph.forward_batch(batch)
@@ -909,12 +940,18 @@ def _finish(
     }
 
 
-def check_corpus(config: TrainConfig, corpus: Corpus) -> None:
-    """Refuse a corpus too small for one batch of windows and one validation window.
+def check_run(config: TrainConfig, corpus: Corpus) -> None:
+    """Refuse, before training, what would fail later: corpus size, prompt, device.
 
     Raises:
-        OptiplugError: naming the sizes found and needed.
+        OptiplugError: a corpus too small for one batch of windows and one
+            validation window (naming the sizes), or a device torch cannot use.
+        HyperparameterError: an empty prompt, or one with characters the corpus lacks.
     """
+    if config.sample_chars and not _prompt(config, corpus):
+        raise HyperparameterError("prompt", "", "must not be empty", algorithm="train")
+    corpus.encode(_prompt(config, corpus))
+    _check_device(config.device)
     train_windows = len(windows(corpus.train, config.block_size))
     if train_windows < config.batch_size or len(corpus.val) < config.block_size + 1:
         raise OptiplugError(
@@ -925,11 +962,39 @@ def check_corpus(config: TrainConfig, corpus: Corpus) -> None:
         )
 
 
+def _check_device(device: str) -> None:
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise OptiplugError(f"--device {device!r} cannot be used here: {message}") from None
+
+
+def _start(graph: Graph, config: TrainConfig, corpus: Corpus) -> int:
+    """Check checkpoints can be written, resume if asked; the step training starts from."""
+    if config.save:
+        _require_checkpoints(graph, "--save")
+    if config.resume:
+        _resume(graph, config, corpus)
+    return graph.training_step
+
+
+def _result(graph: Graph, chosen: Any, measured: dict[str, Any]) -> TrainResult:
+    return TrainResult(
+        optimizer=chosen.name,
+        hyperparameters=_hyperparameters(graph),
+        schedule=repr(graph.schedule),
+        parameters=sum(p.numel() for p in graph.parameters()),
+        reason=getattr(chosen, "reason", ""),
+        **measured,
+    )
+
+
 def train(
     config: TrainConfig,
     corpus: Corpus | None = None,
     *,
-    log: Callable[[str], None] | None = print,
+    log: Callable[[str], None] | None = echo,
     stream: IO[str] | None = None,
     quiet: bool = False,
     label: str = "",
@@ -955,24 +1020,21 @@ def train(
             corpus too small, or a checkpoint that cannot be resumed.
     """
     corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
-    check_corpus(config, corpus)
+    check_run(config, corpus)
     rank, _ = _distributed()
     graph, chosen = build_graph(config, corpus)
-    if config.save:
-        _require_checkpoints(graph, "--save")
-    if config.resume:
-        _resume(graph, config, corpus)
-    start = graph.training_step
+    start = _start(graph, config, corpus)
+    lead = rank == 0
     progress = Progress(
         config.last_step,
         start=start,
         stream=stream,
-        quiet=quiet or rank != 0,
-        log=log if rank == 0 else None,
+        quiet=quiet or not lead,
+        log=log if lead else None,
         label=label,
     )
     began = time.perf_counter()
-    curves = _loop(graph, config, corpus, _Evaluator(graph, config, corpus, rank == 0), progress)
+    curves = _loop(graph, config, corpus, _Evaluator(graph, config, corpus, lead), progress)
     seconds = time.perf_counter() - began
     if config.save and curves.saved_at != graph.training_step:
         save_run(graph, config, corpus)
@@ -982,14 +1044,7 @@ def train(
     measured = _finish(graph, config, corpus, curves, start, seconds)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-    return TrainResult(
-        optimizer=chosen.name,
-        hyperparameters=_hyperparameters(graph),
-        schedule=repr(graph.schedule),
-        parameters=sum(p.numel() for p in graph.parameters()),
-        reason=getattr(chosen, "reason", ""),
-        **measured,
-    )
+    return _result(graph, chosen, measured)
 
 
 # ------------------------------------------------------------------ compare
@@ -1002,8 +1057,7 @@ class Skipped:
 
 
 def unavailable(name: str) -> str | None:
-    """Why optimizer ``name`` cannot be used here, or None when it can."""
-    from ._api import optimizers
+    """Why optimizer ``name`` cannot be used here (``"not installed"``...), or None when it can."""
     from .errors import UnknownOptimizerError
 
     if name == "auto":
@@ -1011,10 +1065,29 @@ def unavailable(name: str) -> str | None:
     try:
         default_registry().spec(name)
     except UnknownOptimizerError:
-        return f"not installed (installed: {', '.join(optimizers())})"
+        return "not installed"
     except (OptimizerUnavailableError, OptiplugError) as error:
         return str(error)
     return None
+
+
+def _installed() -> str:
+    from ._api import optimizers
+
+    return f"installed: {', '.join(optimizers())}"
+
+
+def availability(entries: Sequence[tuple[str, float | None]]) -> dict[str, str | None]:
+    """Why each optimizer of ``entries`` cannot run (None for those that can).
+
+    Raises:
+        OptiplugError: none of them can run.
+    """
+    reasons = {name: unavailable(name) for name, _ in entries}
+    if all(reasons.values()):
+        details = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        raise OptiplugError(f"--compare: no optimizer to run ({details}); {_installed()}")
+    return reasons
 
 
 def parse_compare(text: str) -> list[tuple[str, float | None]]:
@@ -1042,8 +1115,9 @@ def parse_compare(text: str) -> list[tuple[str, float | None]]:
 def compare(
     config: TrainConfig,
     entries: Sequence[tuple[str, float | None]],
+    corpus: Corpus | None = None,
     *,
-    log: Callable[[str], None] | None = print,
+    log: Callable[[str], None] | None = echo,
     stream: IO[str] | None = None,
     quiet: bool = False,
 ) -> list[TrainResult | Skipped]:
@@ -1052,6 +1126,7 @@ def compare(
     Args:
         config: the run every optimizer gets (its ``optimizer`` and ``lr`` are replaced).
         entries: ``(name, lr)``; a None lr keeps ``config.lr`` or the optimizer's default.
+        corpus: the corpus, if already loaded.
         log: where log lines go; None drops them.
         stream: where the progress bars go.
         quiet: log lines instead of progress bars.
@@ -1062,17 +1137,14 @@ def compare(
     Raises:
         OptiplugError: none of the optimizers is installed.
     """
-    reasons = {name: unavailable(name) for name, _ in entries}
-    if all(reasons.values()):
-        details = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-        raise OptiplugError(f"--compare: no optimizer to run ({details})")
-    corpus = load_corpus(config.data, config.max_chars)
+    reasons = availability(entries)
+    corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
     results: list[TrainResult | Skipped] = []
     for name, lr in entries:
         reason = reasons[name]
         if reason is not None:
             if log is not None:
-                log(f"{name}: skipped, {reason}")
+                log(f"{name}: skipped, {reason} ({_installed()})")
             results.append(Skipped(name, reason))
             continue
         run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)
@@ -1128,7 +1200,12 @@ def plot_losses(
             label=f"{result.optimizer} val",
         )
     if results:
-        axes.axhline(results[0].baseline, color="0.4", linestyle=":", label="unigram baseline")
+        axes.axhline(
+            results[0].baseline,
+            color="0.4",
+            linestyle=":",
+            label=f"unigram baseline ({results[0].baseline:.2f})",
+        )
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("loss (nats per character)")
     axes.grid(alpha=0.3)
@@ -1139,21 +1216,35 @@ def plot_losses(
 
 
 # ------------------------------------------------------------------ processes
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Use ``count`` torch intra-op threads inside the block (None: leave them alone).
+
+    On a machine shared with other work, fewer threads than cores is often much
+    faster: spinning OpenMP threads wait for each other on every small op.
+    """
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
 def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool) -> None:
     """One process of a ``--nproc`` run (the target of ``torch.multiprocessing.spawn``)."""
     import datetime
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc))
+    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // config.nproc))
     torch.distributed.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -1162,7 +1253,7 @@ def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool) ->
         timeout=datetime.timedelta(minutes=5),
     )
     try:
-        result = train(config, log=_print if rank == 0 else None, quiet=quiet)
+        result = train(config, log=echo if rank == 0 else None, quiet=quiet)
         if result is not None:
             Path(out).write_bytes(pickle.dumps(result))
     finally:
@@ -1185,7 +1276,7 @@ def launch(config: TrainConfig, *, quiet: bool = False) -> TrainResult:
     """
     from torch.multiprocessing.spawn import ProcessException
 
-    check_corpus(config, load_corpus(config.data, config.max_chars))
+    check_run(config, load_corpus(config.data, config.max_chars))
     with tempfile.TemporaryDirectory(prefix="optiplug-train-") as scratch:
         out = Path(scratch) / "result.pickle"
         try:

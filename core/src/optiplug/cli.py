@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from . import _cli_auto, _cli_check, _cli_schedule
+from . import _cli_auto, _cli_check, _cli_schedule, _cli_train
 from ._api import default_registry
 from ._registry import Registry
 from ._specs import OptimizerSpec, ScheduleSpec
@@ -235,6 +235,12 @@ COMMANDS: list[Command] = [
         "verify a checkpoint directory and show what it holds",
         _cli_check.configure,
         _cli_check.run,
+    ),
+    Command(
+        "train",
+        "train a small character-level language model and report its losses",
+        _cli_train.configure,
+        _cli_train.run,
     ),
 ]
 

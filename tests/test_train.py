@@ -1,0 +1,238 @@
+"""``optiplug train``: a small character LM trained through optiplug.Graph, end to end.
+
+Every run here is tiny (one layer, width 32, 100,000 characters) so the file
+stays quick on a busy two-core machine; the default run's figures are in
+docs/train.md.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from optiplug import Graph
+from optiplug._train import TrainConfig, build_graph, load_corpus
+from optiplug.cli import main
+
+TINY = [
+    "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",
+    "--batch-size", "8", "--max-chars", "100000", "--sample-chars", "40",
+    "--eval-windows", "16", "--impl", "loop", "--threads", "1", "--quiet",
+]  # fmt: skip
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["train", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def losses(out: str) -> dict[str, float]:
+    """The loss table's figures: train, validation, its value at the start, baseline."""
+    found = {
+        name: float(re.search(rf"^{name}\s+([\d.]+)", out, re.MULTILINE).group(1))
+        for name in ("train", "validation", "unigram baseline")
+    }
+    found["initial"] = float(re.search(r"step \d+: ([\d.]+)", out).group(1))
+    return found
+
+
+def restored(directory: Path) -> Graph:
+    """A Graph of the TINY run, loaded from ``directory``'s checkpoint."""
+    config = TrainConfig(n_layer=1, d_model=32, n_head=2, block_size=32, batch_size=8, impl="loop")
+    graph, _ = build_graph(config, load_corpus(None, 100_000))
+    graph.load(directory / "checkpoint")
+    return graph
+
+
+def tensors(graph: Graph) -> list[torch.Tensor]:
+    """The model's tensors and every tensor of the optimizer's state, in order."""
+    state = graph.optimizer.state_dict()["state"]
+    slots = [v for i in sorted(state) for _, v in sorted(state[i].items()) if torch.is_tensor(v)]
+    return [*graph.module.state_dict().values(), *slots]
+
+
+def entropy(text: str) -> float:
+    counts = Counter(text)
+    total = sum(counts.values())
+    return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+def test_short_run_reports_losses_baseline_and_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, *TINY, "--steps", "30")
+    assert code == 0
+    assert "standard library" in out and "vocabulary" in out
+    figures = losses(out)
+    assert figures["validation"] < figures["initial"] - 0.3  # it learned
+    assert 2.5 < figures["unigram baseline"] < 4.0  # Python source: ~3.2 nats/char
+    assert re.search(r"^step 30/30 .*loss [\d.]+  val [\d.]+  lr", out, re.MULTILINE)
+    sample = out.split("seed 0):\n", 1)[1]
+    assert sample.startswith("def ") and len(sample.rstrip("\n")) >= 40
+
+
+def test_data_file_baseline_is_the_training_split_entropy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [f"line {i}: the value of x{i % 7} is {i * i % 97}\n" for i in range(900)]
+    text = "".join(lines)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    code, out, _ = run_cli(capsys, *TINY, "--steps", "20", "--data", str(corpus), "--prompt", "li")
+    assert code == 0
+    assert f"corpus: {corpus}: 1 files, {len(text):,} characters" in out
+    split = int(len(text) * 0.9)
+    assert f"train {split:,} / validation {len(text) - split:,}" in out
+    assert losses(out)["unigram baseline"] == pytest.approx(entropy(text[:split]), abs=1e-4)
+    assert "\nli" in out  # the sample starts from the prompt
+
+
+def test_compare_trains_each_installed_optimizer_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot = tmp_path / "curves.png"
+    args = ["--compare", "adamw,sgd=0.5,nosuch", "--plot", str(plot), "--steps", "12"]
+    code, out, _ = run_cli(capsys, *TINY, *args)
+    assert code == 0
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert f"wrote {plot}" in out
+    assert "nosuch: skipped, not installed (installed: " in out
+    table = out.split("optimizer  lr", 1)[1]
+    assert re.search(r"^adamw\s+0\.001\s+[\d.]+\s+[\d.]+\s+[\d.]+$", table, re.MULTILINE)
+    assert re.search(r"^sgd\s+0\.5\s+[\d.]+\s+[\d.]+\s+[\d.]+$", table, re.MULTILINE)
+    assert re.search(r"^nosuch\s+-.*skipped: not installed", table, re.MULTILINE)
+    assert "unigram baseline: " in out
+
+
+def test_compare_without_matplotlib_still_prints_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a missing package looks like
+    plot = tmp_path / "curves.png"
+    code, out, err = run_cli(
+        capsys, *TINY, "--compare", "adamw", "--plot", str(plot), "--steps", "3"
+    )
+    assert code == 0 and not plot.exists()
+    assert re.search(r"^adamw\s+0\.001\s+[\d.]+\s+[\d.]+", out, re.MULTILINE)
+    assert "matplotlib is not installed, so no plot was written" in err
+    assert "pip install 'optiplug[plot]'" in err
+
+
+def test_compare_with_nothing_installed_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *TINY, "--compare", "nosuch,neither")
+    assert code == 2 and out == ""
+    assert "--compare: no optimizer to run (nosuch: not installed" in err
+
+
+def test_unknown_optimizer_exits_2_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "--optimizer", "adamx")
+    assert code == 2 and out == ""
+    assert "optiplug: error: unknown optimizer 'adamx'. Did you mean 'adam" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--heads", "3"], "invalid n_head=3: must divide d_model=32"),
+        (["--steps", "0"], "invalid steps=0: must be an integer >= 1"),
+        (["--nproc", "3"], "invalid batch_size=8: must be divisible by nproc=3"),
+        (["--schedule", "cosin"], "unknown schedule 'cosin'. Did you mean 'cosine'?"),
+        (["--max-chars", "200"], "the corpus is too small"),
+        (["--prompt", "\u20ac"], "invalid prompt='\u20ac': characters not in the corpus"),
+        (["--device", "warp-drive"], "--device 'warp-drive' cannot be used here"),
+        (["--compare", "adamw", "--save", "x"], "--compare runs in one process"),
+    ],
+)
+def test_bad_options_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(capsys, *TINY, *args)
+    assert code == 2
+    assert message in err
+
+
+def test_resume_continues_to_the_requested_step_bit_identically(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "run"
+    code, out, _ = run_cli(capsys, *TINY, "--steps", "24", "--stop-at", "16", "--save", str(saved))
+    assert code == 0 and "to step 16 in" in out and f"saved to {saved}" in out
+    assert {p.name for p in saved.iterdir()} == {"checkpoint", "train.json"}
+    resume = ["--resume", str(saved), "--quiet", "--sample-chars", "40"]
+    code, resumed, _ = run_cli(capsys, *resume)  # --threads 1 came from train.json too
+    assert f"saved to {saved}" in resumed  # and it saves where it resumed from
+    assert code == 0
+    assert "to step 24 (resumed at step 16)" in resumed
+    assert "1-layer character transformer, d_model 32" in resumed  # options came from train.json
+    straight_dir = tmp_path / "straight"
+    code, straight, _ = run_cli(capsys, *TINY, "--steps", "24", "--save", str(straight_dir))
+    assert code == 0
+    final = {k: v for k, v in losses(straight).items() if k != "initial"}
+    assert {k: v for k, v in losses(resumed).items() if k != "initial"} == final
+    assert resumed.split("seed 0):\n")[1] == straight.split("seed 0):\n")[1]
+    graphs = [restored(directory) for directory in (saved, straight_dir)]
+    assert all(graph.training_step == 24 for graph in graphs)
+    for one, other in zip(*(tensors(graph) for graph in graphs), strict=True):
+        assert torch.equal(one, other)  # bit-identical weights and optimizer state
+
+
+def test_resume_refuses_to_change_what_defines_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "run"
+    assert run_cli(capsys, *TINY, "--steps", "4", "--save", str(saved))[0] == 0
+    code, _, err = run_cli(capsys, "--resume", str(saved), "--d-model", "64")
+    assert code == 2
+    assert "cannot change: d_model=64 (saved: 32)" in err
+    code, _, err = run_cli(capsys, "--resume", str(tmp_path / "missing"))
+    assert code == 2 and "not a directory saved by `optiplug train --save`" in err
+
+
+def test_two_processes_match_one_process(capfd: pytest.CaptureFixture[str]) -> None:
+    # The global batch is split over the processes and gradients are averaged,
+    # so the run is the one-process run up to float rounding.
+    assert main(["train", *TINY, "--steps", "8"]) == 0
+    single = losses(capfd.readouterr().out)
+    assert main(["train", *TINY, "--steps", "8", "--nproc", "2"]) == 0
+    out = capfd.readouterr().out
+    assert "8 windows x 32 characters per step, 2 processes" in out
+    assert out.count("step 8/8") == 1  # rank 0 alone logs
+    for name, value in losses(out).items():
+        assert value == pytest.approx(single[name], abs=2e-3)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_and_log_lines_elsewhere() -> None:
+    from optiplug._train import Progress
+
+    terminal, logged = Terminal(), []
+    bar = Progress(100, stream=terminal, log=logged.append)
+    bar.update(50, 2.5, 1e-3)
+    bar.evaluated(50, 2.4)
+    bar.close()
+    drawn = terminal.getvalue()
+    assert drawn.startswith("\rstep  50/100  [##########..........]  50%") and drawn.endswith("\n")
+    assert "steps/s  loss 2.500  val 2.400  lr 1.00e-03  eta" in drawn
+    assert logged == []
+    pipe, logged = io.StringIO(), []
+    quiet = Progress(100, stream=pipe, log=logged.append)
+    quiet.update(50, 2.5, 1e-3)
+    quiet.evaluated(50, 2.4)
+    quiet.close()
+    assert pipe.getvalue() == "" and len(logged) == 1
+    assert re.fullmatch(
+        r"step  50/100 +[\d.]+ steps/s  loss 2.500  val 2.400  lr 1.00e-03", logged[0]
+    )
