@@ -15,7 +15,14 @@ from optiplug import AutoOptimizer, Selection
 from optiplug.errors import ModelConfigError
 
 # Public configs, as published with the models (trimmed to the fields that matter).
-GPT2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 12,
+    "n_embd": 768,
+    "n_head": 12,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+}
 BERT_BASE = {
     "model_type": "bert",
     "num_hidden_layers": 12,
@@ -38,7 +45,11 @@ LLAMA2_7B = {
 }
 TOY = {"n_layer": 2, "n_embd": 64, "vocab_size": 100, "n_positions": 32}
 
-PUBLISHED = {"gpt2": (GPT2, 124_439_808), "bert": (BERT_BASE, 109_482_240), "llama": (LLAMA2_7B, 6_738_415_616)}
+PUBLISHED = {
+    "gpt2": (GPT2, 124_439_808),
+    "bert": (BERT_BASE, 109_482_240),
+    "llama": (LLAMA2_7B, 6_738_415_616),
+}
 SMALL = ("adam", {"lr": 5e-5})
 MID = ("adamw", {"lr": 2e-5, "betas": (0.9, 0.999), "weight_decay": 0.01})
 LARGE = ("adamw", {"lr": 1e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})
@@ -62,14 +73,20 @@ def test_estimate_is_within_five_percent_of_published(name: str) -> None:
         (LLAMA2_7B, None, LARGE),
         (TOY, None, SMALL),
         (TOY, "Causal_LM", ("adamw", {"lr": 2e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})),
-        (LLAMA2_7B, "text-generation", ("adamw", {"lr": 2e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})),
+        (
+            LLAMA2_7B,
+            "text-generation",
+            ("adamw", {"lr": 2e-5, "betas": (0.9, 0.95), "weight_decay": 0.1}),
+        ),
         (GPT2, "sentiment-analysis", ("adam", {"lr": 2e-5})),
         (LLAMA2_7B, "TEXT_CLASSIFICATION", ("adam", {"lr": 2e-5})),
         (BERT_BASE, "question-answering", ("adamw", {"lr": 3e-5, "weight_decay": 0.01})),
         (GPT2, "translation", MID),
     ],
 )
-def test_rules_choose_per_design(config: dict, task: str | None, expected: tuple[str, dict]) -> None:
+def test_rules_choose_per_design(
+    config: dict, task: str | None, expected: tuple[str, dict]
+) -> None:
     selection = AutoOptimizer.from_config(config, task=task, stage="finetuning")
     assert (selection.optimizer, selection.hparams) == expected
 
@@ -101,7 +118,9 @@ def test_for_model_counts_trainable_parameters_exactly() -> None:
 
 
 def test_with_schedule_pairs_a_schedule() -> None:
-    selection = AutoOptimizer.with_schedule(AutoOptimizer.for_task(None), {"name": "cosine", "total_steps": 100})
+    selection = AutoOptimizer.with_schedule(
+        AutoOptimizer.for_task(None), {"name": "cosine", "total_steps": 100}
+    )
     assert selection.schedule == optiplug.schedule("cosine", total_steps=100)
     assert "schedule: " in selection.explain()
 
@@ -141,7 +160,11 @@ def rule_plugin(name: str, algorithm: str, score: float, lr: float) -> object:
     class Rule:
         @optiplug.hookimpl
         def optiplug_select_optimizer(self, request):
-            return [optiplug.Candidate(algorithm, {"lr": lr}, score, f"{name} likes {algorithm}", rule=name)]
+            return [
+                optiplug.Candidate(
+                    algorithm, {"lr": lr}, score, f"{name} likes {algorithm}", rule=name
+                )
+            ]
 
     return Rule()
 
@@ -156,16 +179,27 @@ def sgd_plugin(*names: str) -> object:
 
 
 @pytest.mark.parametrize("order", [("zeta", "alpha"), ("alpha", "zeta")])
-def test_equal_scores_pick_the_same_winner_in_any_registration_order(order: tuple[str, str]) -> None:
+def test_equal_scores_pick_the_same_winner_in_any_registration_order(
+    order: tuple[str, str],
+) -> None:
     registry = optiplug.Registry(autoload=False)
     registry.register(sgd_plugin("x_sgd", "y_sgd"), "algorithms")
-    rules = {"zeta": rule_plugin("zeta", "y_sgd", 99, 0.2), "alpha": rule_plugin("alpha", "x_sgd", 99, 0.1)}
-    rules_same_algorithm = {"zeta": rule_plugin("zeta2", "x_sgd", 99, 0.3), "alpha": rule_plugin("alpha2", "x_sgd", 99, 0.4)}
+    rules = {
+        "zeta": rule_plugin("zeta", "y_sgd", 99, 0.2),
+        "alpha": rule_plugin("alpha", "x_sgd", 99, 0.1),
+    }
+    rules_same_algorithm = {
+        "zeta": rule_plugin("zeta2", "x_sgd", 99, 0.3),
+        "alpha": rule_plugin("alpha2", "x_sgd", 99, 0.4),
+    }
     for name in order:
         registry.register(rules[name], name)
         registry.register(rules_same_algorithm[name], name + "2")
     selection = AutoOptimizer.for_task("anything", registry=registry)
-    assert (selection.optimizer, selection.hparams) == ("x_sgd", {"lr": 0.1})  # then plugin name: alpha
+    assert (selection.optimizer, selection.hparams) == (
+        "x_sgd",
+        {"lr": 0.1},
+    )  # then plugin name: alpha
 
 
 def test_candidates_for_missing_algorithms_are_skipped_and_explained() -> None:
@@ -198,7 +232,9 @@ SELECT = (
 )
 
 
-def test_installed_third_party_rule_wins_and_uninstalling_restores_default(make_distribution) -> None:
+def test_installed_third_party_rule_wins_and_uninstalling_restores_default(
+    make_distribution,
+) -> None:
     acme = make_distribution("optiplug-acme-rules", THIRD_PARTY_RULE)
     installed = run_python(SELECT, acme)
     assert installed.returncode == 0, installed.stderr
@@ -209,7 +245,9 @@ def test_installed_third_party_rule_wins_and_uninstalling_restores_default(make_
     assert uninstalled.stdout.splitlines()[0] == "adam 2e-05"
 
 
-def test_cli_auto_prints_selection_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_auto_prints_selection_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from optiplug import cli
 
     config = tmp_path / "config.json"

@@ -508,10 +508,14 @@ def test_auto_optimizer_proposes_muon_for_causal_lm_pretraining_only() -> None:
 
 
 def test_explain_shows_the_muon_rule_and_the_default_rules() -> None:
-    pretraining = optiplug.AutoOptimizer.explain(task="causal-lm", stage="pretraining", num_parameters=10**7)
+    pretraining = optiplug.AutoOptimizer.explain(
+        task="causal-lm", stage="pretraining", num_parameters=10**7
+    )
     rows = {line.split()[1]: line for line in pretraining.splitlines()[3:] if line.strip()}
     assert "muon:pretraining" in rows["muon"] and "chosen" in rows["muon"]
     assert "optiplug-muon" in rows["muon"]
     assert "task:text-generation" in rows["adamw"] and "outscored" in rows["adamw"]
-    finetuning = optiplug.AutoOptimizer.explain(task="causal-lm", stage="finetuning", num_parameters=10**7)
+    finetuning = optiplug.AutoOptimizer.explain(
+        task="causal-lm", stage="finetuning", num_parameters=10**7
+    )
     assert "muon" not in finetuning
