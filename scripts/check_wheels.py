@@ -41,6 +41,8 @@ def build_and_install(wheel_dir: Path) -> list[str]:
     wheels = sorted(map(str, wheel_dir.glob("*.whl")))
     constraints = str(ROOT / "constraints.txt")
     run(sys.executable, "-m", "pip", "install", "-q", "-c", constraints, *wheels)
+    # Same version numbers as an earlier build: force the fresh wheels in.
+    run(sys.executable, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *wheels)
     return plugins
 
 
