@@ -17,7 +17,7 @@ optimizer classes lazily (:func:`optiplug.lazy`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -31,6 +31,7 @@ from .validators import validate_hyperparameters
 
 __all__ = [
     "TorchBackedOptimizer",
+    "closure_loss",
     "foreach_supported",
     "fused_supported",
     "group_overrides",
@@ -71,6 +72,18 @@ def group_overrides(params: Sequence[Any]) -> list[dict[str, Any]]:
         for item in params
         if isinstance(item, Mapping)
     ]
+
+
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """Evaluate an ``Optimizer.step`` closure with gradients enabled (None gives None).
+
+    ``step`` runs under ``torch.no_grad()``; the closure recomputes the loss
+    and its gradients, so it needs them back on.
+    """
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def fused_supported(params: Sequence[torch.Tensor]) -> bool:

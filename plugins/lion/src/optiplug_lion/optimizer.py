@@ -11,7 +11,7 @@ from torch import Tensor
 
 import optiplug
 from optiplug import _autotune
-from optiplug.base import foreach_supported, group_overrides, parameter_tensors
+from optiplug.base import closure_loss, foreach_supported, group_overrides, parameter_tensors
 from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
@@ -150,10 +150,7 @@ class Lion(torch.optim.Optimizer):
         Returns:
             The closure's loss, or None.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         update = _STEPS[self._impl]
         for group in self.param_groups:
             params, grads, exp_avgs = self._init_group(group)

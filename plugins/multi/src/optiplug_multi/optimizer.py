@@ -10,6 +10,7 @@ import torch
 
 import optiplug
 from optiplug import ParameterRoute, Problem, Routing
+from optiplug.base import closure_loss
 from optiplug.errors import HyperparameterError, StateDictError
 
 from .routes import Assignment, Route, assign, routes_from
@@ -116,10 +117,7 @@ class MultiOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Step every sub-optimizer; ``closure`` is evaluated once."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for optimizer in self._optimizers.values():
             optimizer.step()
         return loss

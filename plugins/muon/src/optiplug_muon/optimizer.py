@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.optim.adam import adam as torch_adam
 
 import optiplug
-from optiplug.base import fused_supported, group_overrides
+from optiplug.base import closure_loss, fused_supported, group_overrides
 from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
@@ -292,10 +292,7 @@ class Muon(torch.optim.Optimizer):
         Returns:
             The closure's loss, or None.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         jobs: list[_Job] = []
         for group in self.param_groups:
             if group["use_muon"]:
