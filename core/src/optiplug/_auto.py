@@ -118,7 +118,7 @@ def _report(candidate: Candidate, chosen: bool, installed: set[str]) -> Candidat
 
 def _describe_request(request: SelectionRequest) -> str:
     count = "unknown" if request.num_parameters is None else f"{request.num_parameters:,}"
-    how = "counted" if request.parameters_exact else "estimated"
+    how = "exact" if request.parameters_exact else "estimated"
     parts = [
         f"task={request.task or '-'}",
         f"N={count}" + (f" ({how})" if request.num_parameters else ""),
