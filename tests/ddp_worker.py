@@ -65,6 +65,20 @@ def train(
         epoch += 1
 
 
+def count_gradient_syncs(graph: optiplug.Graph) -> list[int]:
+    """Record every gradient all-reduce DDP performs (one per bucket per synced backward)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls: list[int] = []
+
+    def counting(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    graph.model.register_comm_hook(None, counting)
+    return calls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     for name in ("rank", "world"):
@@ -73,6 +87,7 @@ def main() -> int:
     parser.add_argument("steps", type=int)
     parser.add_argument("--die-after", type=int)
     parser.add_argument("--save-every", type=int)
+    parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
     torch.distributed.init_process_group(
         "gloo",
@@ -81,11 +96,13 @@ def main() -> int:
         world_size=args.world,
         timeout=TIMEOUT,
     )
-    graph = optiplug.Graph(model())
+    graph = optiplug.Graph(model(), accumulate=args.accumulate)
+    syncs = count_gradient_syncs(graph)
     graph.set_optimizer("sgd", lr=0.05, momentum=0.9)
     graph.set_data_loader(DataLoader(Lines(), batch_size=4), forward_input="x")
     train(graph, args.steps, args.die_after, args.save_every, args.out)
     torch.save([p.detach() for p in graph.parameters()], args.out / f"rank{args.rank}.pt")
+    (args.out / f"syncs{args.rank}.txt").write_text(str(len(syncs)))
     torch.distributed.destroy_process_group()
     return 0
 

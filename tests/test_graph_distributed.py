@@ -50,12 +50,12 @@ def wait_all(processes: list[subprocess.Popen[str]], timeout: float) -> list[tup
     return results
 
 
-def single_process_reference(steps: int) -> list[torch.Tensor]:
+def single_process_reference(steps: int, accumulate: int = 1) -> list[torch.Tensor]:
     """The same training on the global batches (both ranks' samples) in one process."""
     model = ddp_worker.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = ddp_worker.Lines()
-    global_batch = 8  # 2 ranks x 4
+    global_batch = 8 * accumulate  # 2 ranks x 4 samples x micro-batches
     for step in range(steps):
         start = (step * global_batch) % len(data)
         x, y = data.x[start : start + global_batch], data.y[start : start + global_batch]
@@ -65,15 +65,18 @@ def single_process_reference(steps: int) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-def test_two_ranks_agree_and_equal_single_process_training(tmp_path: Path) -> None:
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_two_ranks_agree_and_equal_single_process_training(tmp_path: Path, accumulate: int) -> None:
     steps = 12
-    results = wait_all(launch(tmp_path, steps), timeout=120)
+    results = wait_all(launch(tmp_path, steps, "--accumulate", str(accumulate)), timeout=120)
     assert [code for code, _ in results] == [0, 0], results
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert all(torch.equal(p, q) for p, q in zip(rank0, rank1, strict=True))
-    for p, q in zip(rank0, single_process_reference(steps), strict=True):
+    for p, q in zip(rank0, single_process_reference(steps, accumulate), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # micro-batches before the last of each accumulation skip the all-reduce (DDP no_sync)
+    assert int((tmp_path / "syncs0.txt").read_text()) == steps
 
 
 def test_killed_rank_fails_the_job_cleanly_and_last_checkpoint_loads(tmp_path: Path) -> None:
