@@ -432,6 +432,9 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path: Path) -> 
     time.sleep(0.3)
     _kill(process)
     _assert_recoverable(path, None)
+    for path in [*blocked, tmp_path / "loop" / "ckpt"]:
+        checkpoint.save(path, previous)  # the next save sweeps the dead save's temporaries
+        assert [p.name for p in path.parent.iterdir()] == ["ckpt"]
 
 
 def _assert_recoverable(path: Path, expected: list | None) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import uuid
@@ -26,6 +28,7 @@ __all__ = [
     "fsync_directory",
     "publish_directory",
     "read_bounded",
+    "remove_stale_staging",
     "write_atomic_file",
     "write_durable",
 ]
@@ -108,7 +111,8 @@ def publish_directory(path: Path, write: Callable[[Path], None], allowed: Iterab
     check_replaceable(path, allowed)
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
+    remove_stale_staging(path)
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(path), dir=parent))
     try:
         os.chmod(staging, _DIRECTORY_MODE)
         write(staging)
@@ -118,6 +122,45 @@ def publish_directory(path: Path, write: Callable[[Path], None], allowed: Iterab
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     fsync_directory(parent)
+
+
+def _staging_prefix(path: Path) -> str:
+    """``.NAME.tmp-HOST-PID-``: whose save it was, so a later save can tell it is dead."""
+    return f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_staging(path: Path) -> list[Path]:
+    """Delete temporaries of saves to ``path`` whose process died (killed mid-save).
+
+    Only this host's temporaries are considered, and only those whose process
+    no longer exists, so a save in progress elsewhere is never touched.
+
+    Returns:
+        The temporaries removed.
+    """
+    prefix = f".{path.name}.tmp-{socket.gethostname()}-"
+    removed = []
+    for entry in (
+        path.parent.glob(f".{glob.escape(path.name)}.tmp-*") if path.parent.is_dir() else ()
+    ):
+        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
+        if entry.name.startswith(prefix) and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def _install(staging: Path, path: Path) -> None:
@@ -182,7 +225,8 @@ def write_atomic_file(path: Path, write: Callable[[Path], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    remove_stale_staging(path)
+    descriptor, name = tempfile.mkstemp(prefix=_staging_prefix(path), dir=path.parent)
     os.close(descriptor)
     temporary = Path(name)
     try:
