@@ -31,6 +31,7 @@ from .validators import validate_hyperparameters
 
 __all__ = [
     "TorchBackedOptimizer",
+    "ValidatedLoading",
     "closure_loss",
     "foreach_supported",
     "fused_supported",
@@ -126,7 +127,32 @@ def _checked(impl: str, name: str, params: Sequence[torch.Tensor]) -> None:
         )
 
 
-class TorchBackedOptimizer(torch.optim.Optimizer):
+class ValidatedLoading(torch.optim.Optimizer):
+    """Mixin: ``load_state_dict`` validates first and loads all-or-nothing.
+
+    Same rules as :func:`optiplug.load_state_dict` with ``strict=True``: state
+    is matched by parameter name when both sides have names, every tensor is
+    copied (never aliased), and on any problem nothing changes. The
+    optimizer keeps its own implementation flags
+    (``foreach``/``fused``/``capturable``/``differentiable``): they describe
+    how the saving optimizer ran, not the state.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Validate ``state_dict``, then load it all-or-nothing.
+
+        Args:
+            state_dict: as returned by ``state_dict()`` here or in torch.
+
+        Raises:
+            StateDictError: with ``.problems``, every problem found.
+        """
+        from ._state import load_state_dict
+
+        load_state_dict(self, state_dict, strict=True)
+
+
+class TorchBackedOptimizer(ValidatedLoading, torch.optim.Optimizer):
     """Mixin for an optimizer that is torch's own class plus optiplug's contract.
 
     Subclasses list it before the torch class and set :attr:`algorithm` and
@@ -182,24 +208,3 @@ class TorchBackedOptimizer(torch.optim.Optimizer):
         if group.get("fused"):
             return "fused"
         return "foreach" if group.get("foreach") else "loop"
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Validate, then load state all-or-nothing, keeping this optimizer's implementation.
-
-        Same rules as :func:`optiplug.load_state_dict` with ``strict=True``:
-        state is matched by parameter name when both sides have names, every
-        tensor is copied, and on any problem nothing changes. A state dict
-        saved by another implementation (or by plain torch) carries its own
-        ``foreach``/``fused``/``capturable``/``differentiable`` flags; they
-        describe how that optimizer ran, not the state, so this optimizer
-        keeps its own.
-
-        Args:
-            state_dict: as returned by ``state_dict()`` here or in torch.
-
-        Raises:
-            StateDictError: with ``.problems``, every problem found.
-        """
-        from ._state import load_state_dict
-
-        load_state_dict(self, state_dict, strict=True)

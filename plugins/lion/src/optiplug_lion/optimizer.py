@@ -9,9 +9,14 @@ import attrs
 import torch
 from torch import Tensor
 
-import optiplug
 from optiplug import _autotune
-from optiplug.base import closure_loss, foreach_supported, group_overrides, parameter_tensors
+from optiplug.base import (
+    ValidatedLoading,
+    closure_loss,
+    foreach_supported,
+    group_overrides,
+    parameter_tensors,
+)
 from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
@@ -52,7 +57,7 @@ def _check_impl(impl: str, params: Sequence[Tensor]) -> None:
         )
 
 
-class Lion(torch.optim.Optimizer):
+class Lion(ValidatedLoading, torch.optim.Optimizer):
     """Lion (Chen et al., 2023): a sign update of interpolated momentum.
 
     Per parameter, with gradient ``g`` (negated when ``maximize``) and
@@ -108,20 +113,6 @@ class Lion(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_impl", "loop")
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Validate, then load a state dict all-or-nothing (see :func:`optiplug.load_state_dict`).
-
-        State is matched by parameter name when both sides have names, every
-        tensor is copied (never aliased), and on any problem nothing changes.
-
-        Args:
-            state_dict: as returned by ``state_dict()`` (from any implementation).
-
-        Raises:
-            StateDictError: with ``.problems``, every problem found.
-        """
-        optiplug.load_state_dict(self, state_dict, strict=True)
 
     def _init_group(self, group: dict[str, Any]) -> tuple[list[Tensor], ...]:
         params, grads, exp_avgs = [], [], []

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 from torch.optim.adam import adam as torch_adam
 
-import optiplug
-from optiplug.base import closure_loss, fused_supported, group_overrides
+from optiplug.base import ValidatedLoading, closure_loss, fused_supported, group_overrides
 from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
@@ -158,7 +157,7 @@ def _route(
     return groups, labels
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(ValidatedLoading, torch.optim.Optimizer):
     """Muon (MomentUm Orthogonalized by Newton-Schulz) for hidden matrices, AdamW for the rest.
 
     Muon parameters (matrices; conv kernels flattened to (out, in*kh*kw)):
@@ -207,20 +206,6 @@ class Muon(torch.optim.Optimizer):
         super().__setstate__(state)
         self.__dict__.setdefault("_labels", [])
         self._workspaces = {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Validate, then load a state dict all-or-nothing (see :func:`optiplug.load_state_dict`).
-
-        State is matched by parameter name when both sides have names, every
-        tensor is copied (never aliased), and on any problem nothing changes.
-
-        Args:
-            state_dict: as returned by ``state_dict()`` (from any implementation).
-
-        Raises:
-            StateDictError: with ``.problems``, every problem found.
-        """
-        optiplug.load_state_dict(self, state_dict, strict=True)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group for Muon or for the auxiliary AdamW.
