@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import signal
 import sys
@@ -79,6 +80,14 @@ def count_gradient_syncs(graph: optiplug.Graph) -> list[int]:
     return calls
 
 
+def shutdown(graph: optiplug.Graph) -> None:
+    """Leave the process group cleanly: wait for every rank, drop DDP, then destroy."""
+    torch.distributed.barrier()
+    del graph.model
+    gc.collect()
+    torch.distributed.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     for name in ("rank", "world"):
@@ -103,7 +112,7 @@ def main() -> int:
     train(graph, args.steps, args.die_after, args.save_every, args.out)
     torch.save([p.detach() for p in graph.parameters()], args.out / f"rank{args.rank}.pt")
     (args.out / f"syncs{args.rank}.txt").write_text(str(len(syncs)))
-    torch.distributed.destroy_process_group()
+    shutdown(graph)
     return 0
 
 

@@ -452,20 +452,8 @@ class Graph:
         binding = self._require_binding("forward_batch")
         inputs = self._to_device(batch[binding.forward_input])
         keywords = {name: self._to_device(batch[name]) for name in binding.keyword_inputs}
-        with self.autocast(), self._gradient_sync():
+        with self.autocast():
             return self.model(inputs, **keywords)
-
-    def _gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
-        """DDP's ``no_sync`` for every micro-batch but the last of an accumulation.
-
-        DDP decides in the forward pass whether the backward all-reduces, so
-        the forward of a non-final micro-batch runs without synchronisation
-        and its gradients accumulate locally; the last one syncs them all.
-        """
-        last = (self._micro_step + 1) % self.accumulate == 0
-        if last or not hasattr(self.model, "no_sync"):
-            return contextlib.nullcontext()
-        return self.model.no_sync()
 
     def targets(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch's target fields (neither the primary nor a keyword input), on the device."""

@@ -13,6 +13,7 @@ This module imports torch; the CLI imports it only when ``train`` runs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import json
 import math
@@ -1256,7 +1257,9 @@ def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool) ->
         result = train(config, log=echo if rank == 0 else None, quiet=quiet)
         if result is not None:
             Path(out).write_bytes(pickle.dumps(result))
+        torch.distributed.barrier()  # every rank done before anyone tears down
     finally:
+        gc.collect()  # drop DDP's reducer before its gloo group goes (else: abort at exit)
         torch.distributed.destroy_process_group()
 
 
