@@ -20,40 +20,13 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from state_helpers import ALGORITHMS, IMPLEMENTATIONS, Named, clone_named, named_params, train
 
 import optiplug
 from optiplug import checkpoint, cli
 from optiplug.errors import CheckpointError, StateDictError
 
-SHAPES = {"w": (3, 2), "b": (3,), "v": (2,)}
-ALGORITHMS = [
-    ("sgd", {"lr": 0.05, "momentum": 0.9}),
-    ("adam", {"lr": 0.01, "amsgrad": True}),
-    ("adamw", {"lr": 0.01, "weight_decay": 0.1}),
-]
-IMPLEMENTATIONS = ["loop", "foreach", "fused"]
 TENSORS, METADATA, MARKER = "tensors.safetensors", "metadata.json", "COMMITTED"
-
-Named = list[tuple[str, torch.nn.Parameter]]
-
-
-def named_params(seed: int = 0) -> Named:
-    generator = torch.Generator().manual_seed(seed)
-    values = {n: torch.randn(SHAPES[n], generator=generator) for n in sorted(SHAPES)}
-    return [(n, torch.nn.Parameter(values[n].clone())) for n in ("w", "b", "v")]
-
-
-def clone_named(named: Named) -> Named:
-    return [(n, torch.nn.Parameter(p.detach().clone())) for n, p in named]
-
-
-def train(optimizer: torch.optim.Optimizer, named: Named, start: int, stop: int) -> None:
-    for step in range(start, stop):
-        generator = torch.Generator().manual_seed(1000 + step)
-        noise = {n: torch.randn(SHAPES[n], generator=generator) for n in sorted(SHAPES)}
-        for name, param in named:
-            param.grad = 0.3 * param.detach() + noise[name]
-        optimizer.step()
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
@@ -87,7 +60,7 @@ def saved(tmp_path: Path) -> tuple[Path, torch.optim.Optimizer, Named]:
 
 
 def fresh_adam() -> torch.optim.Optimizer:
-    optimizer = optiplug.create("adam", named_params(5), impl="loop", lr=0.01, amsgrad=True)
+    optimizer = optiplug.create("adam", named_params(seed=5), impl="loop", lr=0.01, amsgrad=True)
     train(optimizer, [(n, p) for g in optimizer.param_groups for n, p in _pairs(g)], 0, 1)
     return optimizer
 

@@ -12,42 +12,17 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from state_helpers import (
+    ALGORITHMS,
+    IMPLEMENTATIONS,
+    Named,
+    clone_named,
+    named_params,
+    train,
+)
 
 import optiplug
 from optiplug.errors import StateDictError
-
-SHAPES = {"w": (3, 2), "b": (3,), "v": (2,)}
-ALGORITHMS = [
-    ("sgd", {"lr": 0.05, "momentum": 0.9}),
-    ("adam", {"lr": 0.01, "amsgrad": True}),
-    ("adamw", {"lr": 0.01, "weight_decay": 0.1}),
-]
-IMPLEMENTATIONS = ["loop", "foreach", "fused"]
-
-Named = list[tuple[str, torch.nn.Parameter]]
-
-
-# ------------------------------------------------------------------ helpers
-def named_params(order: tuple[str, ...] = ("w", "b", "v"), seed: int = 0) -> Named:
-    generator = torch.Generator().manual_seed(seed)
-    values = {n: torch.randn(SHAPES[n], generator=generator) for n in sorted(SHAPES)}
-    return [(n, torch.nn.Parameter(values[n].clone())) for n in order]
-
-
-def clone_named(named: Named, order: tuple[str, ...] | None = None) -> Named:
-    found = dict(named)
-    names = order or tuple(n for n, _ in named)
-    return [(n, torch.nn.Parameter(found[n].detach().clone())) for n in names]
-
-
-def train(optimizer: torch.optim.Optimizer, named: Named, start: int, stop: int) -> None:
-    """Steps ``start..stop-1``; each step's gradients depend only on (step, name, value)."""
-    for step in range(start, stop):
-        generator = torch.Generator().manual_seed(1000 + step)
-        noise = {n: torch.randn(SHAPES[n], generator=generator) for n in sorted(SHAPES)}
-        for name, param in named:
-            param.grad = 0.3 * param.detach() + noise[name]
-        optimizer.step()
 
 
 def stepped(name: str = "adam", steps: int = 2, impl: str = "loop", **hparams: Any):
