@@ -437,7 +437,40 @@ class LinearWarmupSchedule(Schedule):
 
 
 @_schedule_class
-class CosineSchedule(Schedule):
+class _WarmupThenDecay(Schedule):
+    """Linear warm-up to 1 over ``warmup_steps``, then a decay reaching ``_final()`` at ``total_steps``.
+
+    Subclasses declare ``total_steps`` and ``warmup_steps`` and give the
+    decay's shape (``_decay(p)``, from 1 at p=0 to 0 at p=1) and its final
+    multiplier (``_final()``).
+    """
+
+    def __attrs_post_init__(self) -> None:
+        _check_warmup(self)
+
+    def _final(self) -> float:
+        raise NotImplementedError
+
+    def _decay(self, progress: float) -> float:
+        raise NotImplementedError
+
+    def value_at(self, step: int) -> float:
+        warmup, total = self.warmup_steps, self.total_steps  # type: ignore[attr-defined]
+        if step < warmup:
+            return _warmup(step, warmup)
+        return _between(self._final(), self._decay(_progress(step, warmup, total - warmup)))
+
+    def key_steps(self) -> dict[int, str]:
+        return _warmup_and_end(self.warmup_steps, self.total_steps)  # type: ignore[attr-defined]
+
+
+def _warmup_and_end(warmup_steps: int, total_steps: int) -> dict[int, str]:
+    steps = {warmup_steps: "warm-up done"} if warmup_steps else {}
+    return {**steps, total_steps: "end"}
+
+
+@_schedule_class
+class CosineSchedule(_WarmupThenDecay):
     """Linear warm-up, then cosine decay from 1 to min_ratio at total_steps.
 
     Attributes:
@@ -457,26 +490,15 @@ class CosineSchedule(Schedule):
     warmup_steps: int = _param(STEPS, 0, help=_WARMUP_HELP)
     min_ratio: float = _param(RATIO, 0.0, help="final multiplier")
 
-    def __attrs_post_init__(self) -> None:
-        _check_warmup(self)
+    def _final(self) -> float:
+        return self.min_ratio
 
-    def value_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
-        p = _progress(step, self.warmup_steps, self.total_steps - self.warmup_steps)
-        return _between(self.min_ratio, _half_cosine(p))
-
-    def key_steps(self) -> dict[int, str]:
-        return _warmup_and_end(self.warmup_steps, self.total_steps)
-
-
-def _warmup_and_end(warmup_steps: int, total_steps: int) -> dict[int, str]:
-    steps = {warmup_steps: "warm-up done"} if warmup_steps else {}
-    return {**steps, total_steps: "end"}
+    def _decay(self, progress: float) -> float:
+        return _half_cosine(progress)
 
 
 @_schedule_class
-class LinearSchedule(Schedule):
+class LinearSchedule(_WarmupThenDecay):
     """Linear warm-up, then linear decay from 1 to min_ratio at total_steps.
 
     Attributes:
@@ -496,17 +518,11 @@ class LinearSchedule(Schedule):
     warmup_steps: int = _param(STEPS, 0, help=_WARMUP_HELP)
     min_ratio: float = _param(RATIO, 0.0, help="final multiplier")
 
-    def __attrs_post_init__(self) -> None:
-        _check_warmup(self)
+    def _final(self) -> float:
+        return self.min_ratio
 
-    def value_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
-        p = _progress(step, self.warmup_steps, self.total_steps - self.warmup_steps)
-        return _between(self.min_ratio, 1.0 - p)
-
-    def key_steps(self) -> dict[int, str]:
-        return _warmup_and_end(self.warmup_steps, self.total_steps)
+    def _decay(self, progress: float) -> float:
+        return 1.0 - progress
 
 
 @_schedule_class
@@ -594,7 +610,7 @@ class ExponentialSchedule(Schedule):
 
 
 @_schedule_class
-class PolynomialSchedule(Schedule):
+class PolynomialSchedule(_WarmupThenDecay):
     """Linear warm-up, then polynomial decay from 1 to end_ratio at total_steps.
 
     Attributes:
@@ -616,17 +632,11 @@ class PolynomialSchedule(Schedule):
     end_ratio: float = _param(RATIO, 0.0, help="final multiplier")
     warmup_steps: int = _param(STEPS, 0, help=_WARMUP_HELP)
 
-    def __attrs_post_init__(self) -> None:
-        _check_warmup(self)
+    def _final(self) -> float:
+        return self.end_ratio
 
-    def value_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
-        p = _progress(step, self.warmup_steps, self.total_steps - self.warmup_steps)
-        return _between(self.end_ratio, (1.0 - p) ** self.power)
-
-    def key_steps(self) -> dict[int, str]:
-        return _warmup_and_end(self.warmup_steps, self.total_steps)
+    def _decay(self, progress: float) -> float:
+        return (1.0 - progress) ** self.power
 
 
 @_schedule_class
