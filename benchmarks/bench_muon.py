@@ -1,4 +1,4 @@
-"""Muon step time: optiplug's muon against torch.optim.Muon, batched against unbatched.
+"""Muon step time: optiplug's muon against torch.optim.Muon, by method and batching.
 
 The parameter set is GPT-2-small-shaped: 12 layers x {768x2304, 768x768,
 768x3072, 3072x768} fp32 matrices (85M parameters) with fixed random
@@ -7,7 +7,9 @@ momentum=0.95, Nesterov, 5 Newton-Schulz steps, no weight decay,
 adjust_lr "original") and Newton-Schulz in bf16, as torch does. Steps are
 interleaved (one step of each in turn) so load from other processes affects
 all alike; the table shows the median and the best step time, and the speedup
-over torch.optim.Muon from medians. Afterwards it checks that each optiplug
+over torch.optim.Muon from medians. optiplug runs at its default (one matrix
+at a time on CPU, ns_method="auto"), batched (ns_batch=True) and with the
+standard iteration only (ns_method="standard"). Afterwards it checks that each optiplug
 variant's parameters equal torch's within the bf16 bound
 ``steps * lr * adjust * 2**-8``.
 
@@ -55,8 +57,9 @@ def optimizers() -> dict[str, Callable]:
     with_names = {"ns_dtype": torch.bfloat16, "adjust_lr": "original", **common}
     return {
         "torch.optim.Muon": lambda p: torch.optim.Muon(p, lr=LR, adjust_lr_fn="original", **common),
-        "optiplug muon (batched)": lambda p: Muon(p, lr=LR, ns_batch=True, **with_names),
-        "optiplug muon (unbatched)": lambda p: Muon(p, lr=LR, ns_batch=False, **with_names),
+        "optiplug muon (default)": lambda p: Muon(p, lr=LR, **with_names),
+        "optiplug muon (ns_batch=True)": lambda p: Muon(p, lr=LR, ns_batch=True, **with_names),
+        "optiplug muon (standard)": lambda p: Muon(p, lr=LR, ns_method="standard", **with_names),
     }
 
 

@@ -13,7 +13,7 @@ from torch import nn
 import optiplug
 from optiplug.errors import HyperparameterError
 from optiplug_muon import MUON_STATE, Muon, RoutingWarning
-from optiplug_muon.newton_schulz import orthogonalize
+from optiplug_muon.newton_schulz import method_flops, orthogonalize, resolve_method
 
 # Most tests hand over bare matrices on purpose; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore::optiplug_muon.optimizer.RoutingWarning")
@@ -76,10 +76,18 @@ def train_together(steps: int, *pairs: tuple[torch.optim.Optimizer, list[torch.T
         ({"weight_decay": 0.05}, "match_rms_adamw"),
     ],
 )
-def test_equals_torch_muon_on_matrices(hparams: dict, adjust_lr: str) -> None:
+@pytest.mark.parametrize("ns_method", ["standard", "gram"])
+def test_equals_torch_muon_on_matrices(hparams: dict, adjust_lr: str, ns_method: str) -> None:
     ours_params = matrices()
     torch_params = clones(ours_params)
-    ours = Muon(ours_params, lr=0.02, ns_dtype=torch.bfloat16, adjust_lr=adjust_lr, **hparams)
+    ours = Muon(
+        ours_params,
+        lr=0.02,
+        ns_dtype=torch.bfloat16,
+        ns_method=ns_method,
+        adjust_lr=adjust_lr,
+        **hparams,
+    )
     reference = torch.optim.Muon(
         torch_params,
         lr=0.02,
@@ -130,14 +138,77 @@ def newton_schulz_formula(matrix: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if tall else x
 
 
+@pytest.mark.parametrize("method", ["standard", "gram"])
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24), (32, 32), (8, 3, 3, 3)])
-def test_orthogonalize_equals_formula_in_float64(shape: tuple[int, ...]) -> None:
+def test_orthogonalize_equals_formula_in_float64(shape: tuple[int, ...], method: str) -> None:
     matrix = torch.randn(shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     flat = matrix.reshape(shape[0], -1)
-    got = orthogonalize(flat, dtype=torch.float64)
+    got = orthogonalize(flat, dtype=torch.float64, method=method)
     torch.testing.assert_close(got, newton_schulz_formula(flat), rtol=1e-10, atol=1e-12)
     singular = torch.linalg.svdvals(got)  # roughly orthogonal (a square matrix's tiny
     assert singular.max() < 1.5 and (singular > 0.5).double().mean() > 0.9  # ones lag)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("shape", [(301, 520), (520, 301)])
+def test_gram_form_and_symmetric_blocks_equal_the_formula(
+    shape: tuple[int, int], steps: int
+) -> None:
+    # sides >= 256 on CPU take the blocked symmetric products (301 rows: uneven blocks);
+    # every step count walks a different restart pattern of the Gram form
+    matrix = torch.randn(shape, generator=torch.Generator().manual_seed(steps), dtype=torch.float64)
+    want = newton_schulz_formula(matrix, steps)
+    for method in ("standard", "gram"):
+        got = orthogonalize(matrix, steps=steps, dtype=torch.float64, method=method)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def spectrum(shape: tuple[int, int], kind: str) -> torch.Tensor:
+    """A matrix whose singular values are flat (Gaussian), low-rank plus noise, or log-spaced."""
+    generator = torch.Generator().manual_seed(11)
+    rows, cols = shape
+    if kind == "gaussian":
+        return torch.randn(shape, generator=generator)
+    if kind == "low-rank":
+        u, v = torch.randn(rows, 8, generator=generator), torch.randn(8, cols, generator=generator)
+        return u @ v + 0.05 * torch.randn(shape, generator=generator)
+    k = min(shape)
+    u = torch.linalg.qr(torch.randn(rows, k, generator=generator, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(cols, k, generator=generator, dtype=torch.float64))[0]
+    return ((u * torch.logspace(0, -4, k, dtype=torch.float64)) @ v.T).float()
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "low-rank", "log-spaced"])
+@pytest.mark.parametrize("shape", [(256, 768), (768, 256)])
+def test_gram_form_in_bf16_is_as_accurate_as_the_standard_form(
+    shape: tuple[int, int], kind: str
+) -> None:
+    # In bf16 the Gram matrix drifts from X Xᵀ; restarting every 2 iterations keeps the
+    # error against float64 at the standard form's. Without restarts the low-rank and
+    # log-spaced cases fail (relative error 0.4-2), restarting every 3 the Gaussian one.
+    matrix = spectrum(shape, kind)
+    exact = newton_schulz_formula(matrix)
+
+    def error(method: str) -> float:
+        got = orthogonalize(matrix, dtype=torch.bfloat16, method=method).double()
+        return ((got - exact).norm() / exact.norm()).item()
+
+    standard, gram = error("standard"), error("gram")
+    assert gram <= 1.25 * standard + 2e-3, (standard, gram)
+
+
+def test_auto_method_picks_the_form_with_fewer_flops() -> None:
+    # GPT-2 small's matrices, one at a time on CPU (blocked symmetric products)
+    assert resolve_method("auto", 768, 768, 5, "cpu", 1) == "standard"
+    for rows, cols in ((768, 2304), (768, 3072), (3072, 768)):
+        assert resolve_method("auto", rows, cols, 5, "cpu", 1) == "gram"
+        assert resolve_method("standard", rows, cols, 5, "cpu", 1) == "standard"
+    # 5 standard iterations of a 768x3072 matrix in 4 blocks: per iteration X Xᵀ and A²
+    # at 5/8 of 2k²n and 2k³ (lower block rows), then P X at 2k²n
+    k, n = 768, 3072
+    per_iteration = 5 / 8 * 2 * k * k * n + 5 / 8 * 2 * k**3 + 2 * k * k * n
+    assert method_flops("standard", k, n, 5, 4) == pytest.approx(5 * per_iteration)
+    assert method_flops("gram", k, n, 5, 4) < 0.75 * method_flops("standard", k, n, 5, 4)
 
 
 def test_batched_and_unbatched_orthogonalisation_agree() -> None:
@@ -172,7 +243,8 @@ def test_zero_gradient_gives_zero_update_not_nan() -> None:
 def test_conv_weights_equal_torch_muon_on_the_flattened_matrix() -> None:
     conv = nn.Parameter(0.1 * torch.randn(8, 3, 3, 3, generator=torch.Generator().manual_seed(5)))
     flat = nn.Parameter(conv.detach().reshape(8, 27).clone())
-    ours = Muon([conv], ns_dtype="bfloat16", force_muon=("*",))
+    # the flattening is under test: the standard form rounds exactly as torch does
+    ours = Muon([conv], ns_dtype="bfloat16", ns_method="standard", force_muon=("*",))
     reference = torch.optim.Muon([flat], lr=0.02, weight_decay=0.0)
     for step in range(10):
         grad = torch.randn(8, 3, 3, 3, generator=torch.Generator().manual_seed(step))
@@ -346,6 +418,8 @@ def test_aux_none_rejects_non_matrices_naming_the_parameter() -> None:
         ({"ns_coefficients": (1.0, 2.0)}, "ns_coefficients"),
         ({"adjust_lr": "sqrt"}, "adjust_lr"),
         ({"ns_dtype": torch.int8}, "ns_dtype"),
+        ({"ns_method": "fast"}, "ns_method"),
+        ({"ns_batch": "yes"}, "ns_batch"),
         ({"aux_betas": (0.9, 1.5)}, "aux_betas"),
         ({"aux": "sgd"}, "aux"),
         ({"model": 3}, "model"),

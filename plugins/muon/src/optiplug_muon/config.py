@@ -28,6 +28,7 @@ __all__ = [
     "MUON_KEYS",
     "MUON_STATE",
     "NS_DTYPES",
+    "NS_METHODS",
     "MuonConfig",
     "ns_dtype_name",
 ]
@@ -37,6 +38,10 @@ ADJUST_LR = ("original", "match_rms_adamw")
 
 NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
 """Dtypes Newton-Schulz may run in (None picks per device)."""
+
+NS_METHODS = ("auto", "standard", "gram")
+"""How Newton-Schulz is computed: the standard iteration, its Gram form (same
+iteration, fewer FLOPs for rectangular matrices), or per shape the cheaper one."""
 
 DEFAULT_AUX_PATTERNS = (
     "*embed*",
@@ -63,6 +68,7 @@ MUON_KEYS = (
     "adjust_lr",
     "ns_dtype",
     "ns_batch",
+    "ns_method",
 )
 """The keys of a Muon param group (besides ``params`` and ``use_muon``)."""
 
@@ -160,7 +166,12 @@ class MuonConfig:
         ns_dtype: dtype Newton-Schulz runs in; None = bfloat16 where the device
             has fast bf16 matmul, else float32.
         ns_batch: orthogonalise same-shape matrices in one batched matmul
-            (keeps a persistent workspace of about twice their size in ns_dtype).
+            (keeps a persistent workspace of about twice their size in
+            ns_dtype); None = per device: one at a time on CPU (measured
+            faster there), batched elsewhere.
+        ns_method: ``"standard"`` (X <- aX + (bA + cA²)X, as torch.optim.Muon),
+            ``"gram"`` (the same iteration carried out on the Gram matrix, with
+            restarts) or ``"auto"`` (per shape, whichever needs fewer FLOPs).
         aux: ``"adamw"`` (non-Muon parameters go to an auxiliary AdamW) or None
             (they are an error).
         aux_lr: the auxiliary AdamW's learning rate.
@@ -188,7 +199,8 @@ class MuonConfig:
     weight_decay: float = hyperparameter(0.0, non_negative, ">= 0 (decoupled: p *= 1 - lr*wd)")
     adjust_lr: str = hyperparameter("original", _one_of(*ADJUST_LR), " | ".join(ADJUST_LR))
     ns_dtype: object = hyperparameter(None, _ns_dtype, "None (auto) | " + " | ".join(NS_DTYPES))
-    ns_batch: bool = hyperparameter(True, boolean, "bool")
+    ns_batch: bool | None = hyperparameter(None, _optional_bool, "None (per device) | bool")
+    ns_method: str = hyperparameter("auto", _one_of(*NS_METHODS), " | ".join(NS_METHODS))
     aux: str | None = hyperparameter("adamw", _one_of("adamw", None), "'adamw' | None")
     aux_lr: float = hyperparameter(3e-4, learning_rate, "finite, >= 0")
     aux_betas: tuple[float, float] = hyperparameter((0.9, 0.95), betas, "each in [0, 1)")

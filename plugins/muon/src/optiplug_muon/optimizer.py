@@ -18,7 +18,7 @@ from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
 from .config import AUX_KEYS, MUON_KEYS, MuonConfig, ns_dtype_name
-from .newton_schulz import Workspace, default_ns_dtype, newton_schulz_
+from .newton_schulz import Workspace, default_ns_dtype, newton_schulz_, resolve_method
 from .routing import Decision, ModelInfo, ParameterRoute, Routing, decide, model_info
 
 __all__ = [
@@ -162,8 +162,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
 
     Muon parameters (matrices; conv kernels flattened to (out, in*kh*kw)):
     ``m = momentum*m + (1-momentum)*g``; the direction ``(1-momentum)*g +
-    momentum*m`` (Nesterov) or ``m`` is orthogonalised by Newton-Schulz,
-    same-shape matrices together in one batched matmul; then ``p = p*(1 -
+    momentum*m`` (Nesterov) or ``m`` is orthogonalised by Newton-Schulz
+    (standard or Gram form, ``ns_method``; one matrix at a time on CPU,
+    same-shape matrices batched elsewhere, ``ns_batch``); then ``p = p*(1 -
     lr*wd) - lr*adjust(shape)*O``. Embeddings, output heads and non-matrix
     parameters go to an auxiliary AdamW (torch's kernel). Both live in this
     one optimizer as separate param groups (``group["use_muon"]``), so LR
@@ -175,7 +176,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         lr: Muon's learning rate (default 0.02).
         **hparams: see :class:`~optiplug_muon.config.MuonConfig` (momentum,
             nesterov, ns_steps, ns_coefficients, eps, weight_decay, adjust_lr,
-            ns_dtype, ns_batch, aux, aux_lr, aux_betas, aux_eps,
+            ns_dtype, ns_batch, ns_method, aux, aux_lr, aux_betas, aux_eps,
             aux_weight_decay, model, aux_patterns, force_muon, force_aux, use_muon).
 
     Raises:
@@ -313,18 +314,19 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         return self._workspaces[key]
 
     def _orthogonalize(self, jobs: list[_Job]) -> None:
-        group = jobs[0].group
-        x, spare, gram, poly = self._workspace(jobs[0]).take(len(jobs))
-        for row, job in zip(x, jobs, strict=True):
+        group, param = jobs[0].group, jobs[0].param
+        steps = group["ns_steps"]
+        rows, cols = matrix_shape(param)
+        method = resolve_method(group["ns_method"], rows, cols, steps, param.device.type, len(jobs))
+        buffers = self._workspace(jobs[0]).take(len(jobs), method)
+        for row, job in zip(buffers.x, jobs, strict=True):
             _direction(row, job)
         result = newton_schulz_(
-            x,
-            spare,
-            gram,
-            poly,
-            steps=group["ns_steps"],
+            buffers,
+            steps=steps,
             coefficients=tuple(group["ns_coefficients"]),
             eps=group["eps"],
+            method=method,
         )
         for update, job in zip(result, jobs, strict=True):
             _apply(update, job)
@@ -390,6 +392,12 @@ def _ns_dtype(group: Mapping[str, Any], device: torch.device) -> torch.dtype:
     return getattr(torch, name) if name else default_ns_dtype(device.type)
 
 
+def _batched(group: Mapping[str, Any], device: torch.device) -> bool:
+    """``ns_batch``, or where it is None: batch on every device but the CPU."""
+    choice = group["ns_batch"]
+    return device.type != "cpu" if choice is None else choice
+
+
 def _buckets(jobs: list[_Job]) -> list[list[_Job]]:
     """Jobs that can share one batched Newton-Schulz call (same shape and settings)."""
     buckets: dict[tuple[Any, ...], list[_Job]] = {}
@@ -402,7 +410,8 @@ def _buckets(jobs: list[_Job]) -> list[list[_Job]]:
             group["ns_steps"],
             tuple(group["ns_coefficients"]),
             group["eps"],
-            None if group["ns_batch"] else index,
+            group["ns_method"],
+            None if _batched(group, job.param.device) else index,
         )
         buckets.setdefault(key, []).append(job)
     return list(buckets.values())
