@@ -18,8 +18,9 @@ fewer multiplications when the matrix is clearly rectangular;
 :func:`resolve_method` picks the cheaper one.
 
 Every product whose result is symmetric (Gram matrices, polynomials of them)
-is computed on CPU as :data:`SYMMETRIC_BLOCKS` block rows of its lower
-triangle and mirrored, which skips a third of its multiply-adds. All
+is computed on CPU, one matrix at a time, as :data:`SYMMETRIC_BLOCKS` block
+rows of its lower triangle and mirrored, which skips a third of its
+multiply-adds (see :func:`symmetric_blocks`). All
 products are ``mm``/``addmm`` (one matrix) or ``bmm``/``baddbmm`` (a batch)
 writing into preallocated buffers: without reuse, a batched allocation above
 glibc's mmap threshold (32 MiB) is returned to the OS and page-faulted back in
