@@ -197,6 +197,19 @@ def test_gram_form_in_bf16_is_as_accurate_as_the_standard_form(
     assert gram <= 1.25 * standard + 2e-3, (standard, gram)
 
 
+def test_a_group_edited_to_a_bad_method_fails_before_updating_anything() -> None:
+    params = matrices()
+    optimizer = Muon(params)
+    optimizer.param_groups[0]["ns_method"] = "fastest"
+    set_grads(0, params)
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(HyperparameterError) as caught:
+        optimizer.step()
+    assert (caught.value.field, caught.value.value) == ("ns_method", "fastest")
+    assert not optimizer.state  # no momentum was updated
+    assert all(torch.equal(p, b) for p, b in zip(params, before, strict=True))
+
+
 def test_auto_method_picks_the_form_with_fewer_flops() -> None:
     # GPT-2 small's matrices, one at a time on CPU (blocked symmetric products)
     assert resolve_method("auto", 768, 768, 5, "cpu", 1) == "standard"

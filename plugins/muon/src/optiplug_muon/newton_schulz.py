@@ -37,11 +37,16 @@ import attrs
 import torch
 from torch import Tensor
 
+from optiplug.errors import HyperparameterError
+
+from .config import NS_METHODS
+
 __all__ = [
     "RESTART_EVERY",
     "SYMMETRIC_BLOCKS",
     "Buffers",
     "Workspace",
+    "check_method",
     "default_ns_dtype",
     "method_flops",
     "newton_schulz_",
@@ -154,6 +159,17 @@ def method_flops(method: str, rows: int, cols: int, steps: int, blocks: int) -> 
     return total
 
 
+def check_method(method: object) -> None:
+    """Raise unless ``method`` is one of :data:`~optiplug_muon.config.NS_METHODS`.
+
+    Raises:
+        HyperparameterError: naming ``ns_method`` and the value.
+    """
+    if method not in NS_METHODS:
+        choices = " | ".join(NS_METHODS)
+        raise HyperparameterError("ns_method", method, f"must be {choices}", algorithm="muon")
+
+
 def resolve_method(
     method: str, rows: int, cols: int, steps: int, device_type: str, batch: int
 ) -> str:
@@ -169,7 +185,12 @@ def resolve_method(
 
     Returns:
         The method to run.
+
+    Raises:
+        HyperparameterError: ``method`` is not one of the names (e.g. a param
+            group edited after construction).
     """
+    check_method(method)
     if method != "auto":
         return method
     blocks = symmetric_blocks(device_type, min(rows, cols), batch)

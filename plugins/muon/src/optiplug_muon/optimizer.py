@@ -18,7 +18,13 @@ from optiplug.errors import HyperparameterError
 from optiplug.validators import validate_hyperparameters
 
 from .config import AUX_KEYS, MUON_KEYS, MuonConfig, ns_dtype_name
-from .newton_schulz import Workspace, default_ns_dtype, newton_schulz_, resolve_method
+from .newton_schulz import (
+    Workspace,
+    check_method,
+    default_ns_dtype,
+    newton_schulz_,
+    resolve_method,
+)
 from .routing import Decision, ModelInfo, ParameterRoute, Routing, decide, model_info
 
 __all__ = [
@@ -279,6 +285,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             The closure's loss, or None.
         """
         loss = closure_loss(closure)
+        for group in self.param_groups:  # before anything is updated
+            if group["use_muon"]:
+                check_method(group["ns_method"])
         jobs: list[_Job] = []
         for group in self.param_groups:
             if group["use_muon"]:
