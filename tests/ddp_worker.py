@@ -3,7 +3,8 @@
 Usage: ``python ddp_worker.py RANK WORLD OUT_DIR STEPS [--die-after K] [--save-every K]``.
 The ranks meet through a file store in OUT_DIR (no TCP port to race for).
 Each rank trains the same seeded model with Graph (which wraps DDP and shards
-the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt``.
+the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt`` and how it chose
+the optimizer's implementation to ``OUT_DIR/choice{RANK}.json``.
 ``--die-after K`` makes rank 1 kill itself (SIGKILL) after K steps;
 ``--save-every K`` saves a Graph checkpoint to ``OUT_DIR/ckpt`` every K steps.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import signal
 import sys
@@ -22,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import optiplug
+from optiplug import _autotune
 
 TIMEOUT = datetime.timedelta(seconds=20)
 
@@ -80,6 +83,18 @@ def count_gradient_syncs(graph: optiplug.Graph) -> list[int]:
     return calls
 
 
+def implementation_choices(graph: optiplug.Graph) -> dict[str, object]:
+    """The Graph's implementation, its agreed timings, and what a bare create picks here."""
+    own_before = len(_autotune.decisions())
+    bare = optiplug.create("sgd", model().parameters(), lr=0.05, momentum=0.9)
+    return {
+        "graph_impl": graph.optimizer.impl,
+        "agreed": {str(key): value for key, value in _autotune.decisions(agreed=True).items()},
+        "bare_impl": bare.impl,
+        "bare_measured": len(_autotune.decisions()) - own_before,
+    }
+
+
 def shutdown(graph: optiplug.Graph) -> None:
     """Leave the process group cleanly: wait for every rank, drop DDP, then destroy."""
     torch.distributed.barrier()
@@ -112,6 +127,8 @@ def main() -> int:
     train(graph, args.steps, args.die_after, args.save_every, args.out)
     torch.save([p.detach() for p in graph.parameters()], args.out / f"rank{args.rank}.pt")
     (args.out / f"syncs{args.rank}.txt").write_text(str(len(syncs)))
+    choice = json.dumps(implementation_choices(graph))
+    (args.out / f"choice{args.rank}.json").write_text(choice)
     shutdown(graph)
     return 0
 

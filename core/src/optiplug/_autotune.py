@@ -7,22 +7,38 @@ steps on synthetic tensors shaped like the user's (never touching them or the
 global RNG) and caches the winner per (algorithm, device type, dtype,
 candidates). ``OPTIPLUG_AUTOTUNE=0`` skips measuring and uses each
 implementation's declared ``priority``.
+
+Under ``torch.distributed`` every rank must run the same kernels: fused and
+loop kernels round differently (by an ulp), so ranks that each picked their
+own winner drift apart. Inside :func:`agreed_across_ranks` (which
+``Graph.set_optimizer`` enters on every rank) each rank measures and the
+slowest rank's time decides, through one all-reduce; elsewhere in a
+multi-process group nothing is measured and the declared priority decides.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ._specs import ImplementationSpec
 
-__all__ = ["choose", "clear_cache", "decisions", "synthetic_parameters", "time_steps"]
+__all__ = [
+    "agreed_across_ranks",
+    "choose",
+    "clear_cache",
+    "decisions",
+    "synthetic_parameters",
+    "time_steps",
+]
 
 _MAX_TENSORS = 8
 _MAX_ELEMENTS = 1 << 18
@@ -31,18 +47,53 @@ _TIMED_STEPS = 5
 
 _lock = threading.Lock()
 _decisions: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
+_agreed: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
+_agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
+    "optiplug_autotune_agreement", default=None
+)
 
 
-def decisions() -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
-    """The cached choices: key -> (winner, {implementation: median seconds})."""
+def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
+    """The cached choices: key -> (winner, {implementation: median seconds}).
+
+    Args:
+        agreed: the choices agreed across ranks (slowest rank's times)
+            instead of this process's own.
+    """
     with _lock:
-        return dict(_decisions)
+        return dict(_agreed if agreed else _decisions)
 
 
 def clear_cache() -> None:
-    """Forget every measured choice (e.g. after changing threads)."""
+    """Forget every measured choice, own and agreed (e.g. after changing threads)."""
     with _lock:
         _decisions.clear()
+        _agreed.clear()
+
+
+@contextlib.contextmanager
+def agreed_across_ranks(device: torch.device) -> Iterator[None]:
+    """Within: choices are measured on every rank and agreed by one all-reduce each.
+
+    Every rank of the default process group must create the same optimizers
+    inside the block (as ``Graph.set_optimizer`` does), or the all-reduce
+    waits for the missing ranks until the group's timeout.
+
+    Args:
+        device: where the all-reduced timings live (CUDA for NCCL, CPU for gloo).
+    """
+    token = _agreement.set(torch.device(device))
+    try:
+        yield
+    finally:
+        _agreement.reset(token)
+
+
+def _world_size() -> int:
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_world_size()
+    return 1
 
 
 def synthetic_parameters(params: Sequence[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
@@ -104,20 +155,38 @@ def choose(
         hparams: hyperparameters to time with (e.g. momentum changes the work).
 
     Returns:
-        The fastest candidate; by declared priority, then name, when there is
-        a single candidate, no parameters, or ``OPTIPLUG_AUTOTUNE=0``.
+        The fastest candidate (across ranks inside :func:`agreed_across_ranks`);
+        by declared priority, then name, when there is a single candidate, no
+        parameters, ``OPTIPLUG_AUTOTUNE=0``, or several ranks and no agreement.
     """
     ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
     if len(ranked) == 1 or not params or os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
         return ranked[0]
+    agreement = _agreement.get()
+    if agreement is None and _world_size() > 1:
+        return ranked[0]
     first = params[0]
     key = (algorithm, first.device.type, first.dtype, tuple(impl.name for impl in ranked))
+    cache = _decisions if agreement is None else _agreed
     with _lock:
-        cached = _decisions.get(key)
+        cached = cache.get(key)
     if cached is None:
         timings = {impl.name: _measure(impl, params, hparams) for impl in ranked}
+        if agreement is not None:
+            timings = _slowest_rank(timings, agreement)
         winner = min(ranked, key=lambda impl: timings[impl.name]).name
         cached = (winner, timings)
         with _lock:
-            _decisions[key] = cached
+            cache[key] = cached
     return next(impl for impl in ranked if impl.name == cached[0])
+
+
+def _slowest_rank(timings: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Each implementation's time on the slowest rank (one MAX all-reduce).
+
+    MAX is exact, so every rank gets bit-identical times and the same winner.
+    """
+    names = list(timings)
+    values = torch.tensor([timings[name] for name in names], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+    return dict(zip(names, values.tolist(), strict=True))

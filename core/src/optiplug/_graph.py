@@ -196,13 +196,24 @@ class Graph:
                 algorithm="Graph",
             )
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
-        self.optimizer = optimizer(named)
+        with self._ranks_agree():
+            self.optimizer = optimizer(named)
         self.base_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
         selected_schedule = getattr(optimizer, "schedule", None)
         if isinstance(selected_schedule, Schedule) and self.schedule is None:
             self.schedule = selected_schedule
         self._apply_lr()
         return self.optimizer
+
+    def _ranks_agree(self) -> contextlib.AbstractContextManager[Any]:
+        """Under DDP, every rank picks the same measured implementation (see _autotune)."""
+        if not _distributed():
+            return contextlib.nullcontext()
+        from . import _autotune
+
+        nccl = torch.distributed.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        return _autotune.agreed_across_ranks(device)
 
     def set_scheduler(self, schedule: Schedule | str | Mapping[str, Any] | None) -> None:
         """Attach a schedule (an object, a name, or a dict for ``optiplug.schedule``); None detaches."""
@@ -452,8 +463,20 @@ class Graph:
         binding = self._require_binding("forward_batch")
         inputs = self._to_device(batch[binding.forward_input])
         keywords = {name: self._to_device(batch[name]) for name in binding.keyword_inputs}
-        with self.autocast():
+        with self.autocast(), self._gradient_sync():
             return self.model(inputs, **keywords)
+
+    def _gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync`` for every micro-batch but the last of an accumulation.
+
+        DDP decides in the forward pass whether the backward all-reduces, so
+        the forward of a non-final micro-batch runs without synchronisation
+        and its gradients accumulate locally; the last one syncs them all.
+        """
+        last = (self._micro_step + 1) % self.accumulate == 0
+        if last or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
 
     def targets(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch's target fields (neither the primary nor a keyword input), on the device."""
