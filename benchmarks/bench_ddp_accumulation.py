@@ -27,12 +27,12 @@ import contextlib
 import datetime
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from bench_graph_overhead import measure  # interleaved rounds, same as the Graph overhead bench
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
@@ -110,15 +110,14 @@ def graph_loop(
     return step, graph
 
 
-def timed(step: Callable[[], None], count: int) -> list[float]:
-    """Seconds of each of ``count`` optimizer steps, every rank starting together."""
-    times = []
-    for _ in range(count):
+def together(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` started by every rank at once (a barrier first), so ranks time the same work."""
+
+    def run() -> None:
         dist.barrier()
-        began = time.perf_counter()
         step()
-        times.append(time.perf_counter() - began)
-    return times
+
+    return run
 
 
 def run_rank(rank: int, args: argparse.Namespace, rendezvous: str) -> None:
@@ -141,7 +140,8 @@ def run_rank(rank: int, args: argparse.Namespace, rendezvous: str) -> None:
         "torch sync every": hand_loop(models["every"], loader, args.accumulate, no_sync=False),
         "optiplug.Graph": graph_step,
     }
-    found = measure(loops, args)
+    timed = {name: together(step) for name, step in loops.items()}
+    found = measure(timed, args.rounds, args.steps_per_round, args.warmup)
     same = all(
         torch.equal(p, q)
         for p, q in zip(graph.module.parameters(), models["no_sync"].parameters(), strict=True)
@@ -150,20 +150,6 @@ def run_rank(rank: int, args: argparse.Namespace, rendezvous: str) -> None:
         report(found, args, same, sum(p.numel() for p in graph.parameters()))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def measure(
-    loops: dict[str, Callable[[], None]], args: argparse.Namespace
-) -> dict[str, list[float]]:
-    """Per-step times of each loop, in interleaved rounds after the warm-up steps."""
-    for step in loops.values():
-        timed(step, args.warmup)
-    found: dict[str, list[float]] = {name: [] for name in loops}
-    names = list(loops)
-    for index in range(args.rounds):
-        for name in names if index % 2 == 0 else reversed(names):
-            found[name] += timed(loops[name], args.steps_per_round)
-    return found
 
 
 def report(found: dict[str, list[float]], args: argparse.Namespace, same: bool, size: int) -> None:
