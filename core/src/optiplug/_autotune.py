@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from . import _ranks
 from ._specs import ImplementationSpec
 
 __all__ = [
@@ -87,13 +88,6 @@ def agreed_across_ranks(device: torch.device) -> Iterator[None]:
         yield
     finally:
         _agreement.reset(token)
-
-
-def _world_size() -> int:
-    distributed = torch.distributed
-    if distributed.is_available() and distributed.is_initialized():
-        return distributed.get_world_size()
-    return 1
 
 
 def synthetic_parameters(params: Sequence[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
@@ -163,7 +157,7 @@ def choose(
     if len(ranked) == 1 or not params or os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
         return ranked[0]
     agreement = _agreement.get()
-    if agreement is None and _world_size() > 1:
+    if agreement is None and _ranks.world_size() > 1:
         return ranked[0]
     first = params[0]
     key = (algorithm, first.device.type, first.dtype, tuple(impl.name for impl in ranked))

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _ranks
 from ._api import factory as make_factory
 from ._schedules import Schedule
 from .errors import CheckpointError, HyperparameterError, OptiplugError
@@ -66,10 +67,6 @@ class DataBinding:
         self.targets = [f for f in fields if f != forward_input and f not in keywords]
         self.num_batches = len(loader)
         self.batch_size = getattr(loader, "batch_size", None)
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _forward_keywords(module: torch.nn.Module) -> set[str]:
@@ -147,7 +144,7 @@ class Graph:
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        if not _distributed():
+        if not _ranks.active():
             return module
         from torch.nn.parallel import DistributedDataParallel
 
@@ -157,12 +154,12 @@ class Graph:
     @property
     def rank(self) -> int:
         """This process's rank under ``torch.distributed`` (0 when not distributed)."""
-        return torch.distributed.get_rank() if _distributed() else 0
+        return _ranks.rank()
 
     @property
     def world_size(self) -> int:
         """Processes training together (1 when not distributed); the usual ``lr_scale``."""
-        return torch.distributed.get_world_size() if _distributed() else 1
+        return _ranks.world_size()
 
     # ------------------------------------------------------------- optimizer
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -207,7 +204,7 @@ class Graph:
 
     def _ranks_agree(self) -> contextlib.AbstractContextManager[Any]:
         """Under DDP, every rank picks the same measured implementation (see _autotune)."""
-        if not _distributed():
+        if not _ranks.active():
             return contextlib.nullcontext()
         from . import _autotune
 
@@ -384,7 +381,7 @@ class Graph:
             return loader
         shuffle = isinstance(loader.sampler, RandomSampler)
         sampler = loader.sampler
-        if shuffle or _distributed():
+        if shuffle or _ranks.active():
             sampler = DistributedSampler(
                 loader.dataset,
                 num_replicas=self.world_size,
@@ -508,7 +505,7 @@ class Graph:
             tensors = {f"model/{k}": v for k, v in self.module.state_dict().items()}
             tensors.update(_torch_rng_states())
             checkpoint.save(path, optimizer, tensors=tensors, graph=self._state())
-        if _distributed():
+        if _ranks.active():
             torch.distributed.barrier()
 
     def _state(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import _ranks
 from ._api import default_registry
 from ._api import factory as make_factory
 from ._auto import AutoOptimizer
@@ -716,12 +717,6 @@ def resolve_optimizer(
     return attrs.evolve(selection, hparams={**selection.hparams, **overrides}, impl=impl)
 
 
-def _distributed() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 def build_graph(config: TrainConfig, corpus: Corpus) -> tuple[Graph, Any]:
     """Seed, build the model, and wire it to optimizer, schedule and data in a Graph.
 
@@ -735,7 +730,7 @@ def build_graph(config: TrainConfig, corpus: Corpus) -> tuple[Graph, Any]:
         UnknownOptimizerError: no such optimizer.
         HyperparameterError: invalid hyperparameters or schedule parameters.
     """
-    _, world = _distributed()
+    world = _ranks.world_size()
     dataset = Windows(corpus.train, config.block_size)
     per_rank = config.batch_size // world
     torch.manual_seed(config.seed)
@@ -787,7 +782,7 @@ def save_run(graph: Graph, config: TrainConfig, corpus: Corpus) -> Path:
     directory = Path(config.save)
     directory.mkdir(parents=True, exist_ok=True)
     graph.save(directory / CHECKPOINT_NAME)
-    if _distributed()[0] == 0:
+    if _ranks.rank() == 0:
         payload = _run_file_payload(config, corpus, graph.training_step)
         temporary = directory / f".{RUN_FILE}.tmp"
         temporary.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
@@ -1022,7 +1017,7 @@ def train(
     """
     corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
-    rank, _ = _distributed()
+    rank = _ranks.rank()
     graph, chosen = build_graph(config, corpus)
     start = _start(graph, config, corpus)
     lead = rank == 0
@@ -1043,7 +1038,7 @@ def train(
         torch.distributed.barrier()
         return None
     measured = _finish(graph, config, corpus, curves, start, seconds)
-    if torch.distributed.is_initialized():
+    if _ranks.active():
         torch.distributed.barrier()
     return _result(graph, chosen, measured)
 
