@@ -3,8 +3,8 @@
 Usage: ``python ddp_worker.py RANK WORLD OUT_DIR STEPS [--die-after K] [--save-every K]``.
 The ranks meet through a file store in OUT_DIR (no TCP port to race for).
 Each rank trains the same seeded model with Graph (which wraps DDP and shards
-the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt`` and how it chose
-the optimizer's implementation to ``OUT_DIR/choice{RANK}.json``.
+the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt``
+and how it chose the optimizer's implementation to ``OUT_DIR/choice{RANK}.json``.
 ``--die-after K`` makes rank 1 kill itself (SIGKILL) after K steps;
 ``--save-every K`` saves a Graph checkpoint to ``OUT_DIR/ckpt`` every K steps.
 """
