@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 import optiplug
-from optiplug import _autotune
+from optiplug._core import autotune as _autotune
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 HPARAMS = {"sgd": {"lr": 1e-3, "momentum": 0.9}, "adam": {"lr": 1e-3}, "adamw": {"lr": 1e-3}}

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import optiplug
-from optiplug import _autotune
+from optiplug._core import autotune as _autotune
 
 TIMEOUT = datetime.timedelta(seconds=20)
 

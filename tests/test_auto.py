@@ -58,7 +58,7 @@ LARGE = ("adamw", {"lr": 1e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_estimate_is_within_five_percent_of_published(name: str) -> None:
     config, published = PUBLISHED[name]
-    from optiplug._model_config import estimate_parameters
+    from optiplug._auto.model_config import estimate_parameters
 
     estimate, exact = estimate_parameters(config)
     assert not exact

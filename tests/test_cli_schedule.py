@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import optiplug
-from optiplug import _cli_schedule
+from optiplug.cli import schedule as _cli_schedule
 from optiplug.cli import main
 
 

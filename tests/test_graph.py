@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import optiplug
 from optiplug import Graph
-from optiplug._graph import GraphError
+from optiplug.errors import GraphError
 from optiplug.errors import HyperparameterError
 
 

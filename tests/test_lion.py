@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug import _autotune
+from optiplug._core import autotune as _autotune
 from optiplug.errors import HyperparameterError
 from optiplug_lion import LION_STATE, Lion
 from optiplug_lion.functional import MIN_KERNEL_NUMEL

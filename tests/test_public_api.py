@@ -16,6 +16,7 @@ EXPECTED_ALL = {
     "ENTRY_POINT_GROUP",
     "PLUGIN_API_VERSION",
     "Candidate",
+    "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",
     "OptimizerFactory",
@@ -54,6 +55,7 @@ EXPECTED_ALL = {
 
 EXPECTED_ERRORS = {
     "CheckpointError",
+    "GraphError",
     "HyperparameterError",
     "ModelConfigError",
     "OptimizerUnavailableError",

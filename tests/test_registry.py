@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug import _autotune
+from optiplug._core import autotune as _autotune
 from optiplug.errors import (
     HyperparameterError,
     OptimizerUnavailableError,

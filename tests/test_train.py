@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from optiplug import Graph
-from optiplug._train import TrainConfig, build_graph, load_corpus
+from optiplug._train.job import TrainConfig, build_graph, load_corpus
 from optiplug.cli import main
 
 TINY = [
@@ -216,7 +216,7 @@ class Terminal(io.StringIO):
 
 
 def test_progress_bar_on_a_terminal_and_log_lines_elsewhere() -> None:
-    from optiplug._train import Progress
+    from optiplug._train.job import Progress
 
     terminal, logged = Terminal(), []
     bar = Progress(100, stream=terminal, log=logged.append)

@@ -13,7 +13,9 @@ import torch; discovery happens once, on first need.
 
 from __future__ import annotations
 
-from . import errors, validators
+import importlib
+
+from . import _compat, errors, validators
 from ._api import (
     create,
     default_registry,
@@ -27,17 +29,17 @@ from ._api import (
     spec,
     validate_state_dict,
 )
-from ._auto import AutoOptimizer, Selection
-from ._builtin import version as _version
-from ._create import OptimizerFactory
-from ._hooks import PLUGIN_API_VERSION, hookimpl, hookspec
-from ._implementations import torch_implementations
-from ._lazy import LazyCallable, lazy
-from ._registry import ENTRY_POINT_GROUP, PluginWarning, Registry
-from ._routing import ParameterRoute, Routing
-from ._schedules import Schedule
-from ._specs import (
+from ._auto.selection import AutoOptimizer
+from ._core.builtin import version as _version
+from ._core.create import OptimizerFactory
+from ._core.hooks import PLUGIN_API_VERSION, hookimpl, hookspec
+from ._core.implementations import torch_implementations
+from ._core.registry import ENTRY_POINT_GROUP, PluginWarning, Registry
+from ._core.routing import ParameterRoute, Routing
+from ._core.selection import Selection
+from ._core.specs import (
     Candidate,
+    CommandSpec,
     ImplementationSpec,
     OptimizerSpec,
     PluginInfo,
@@ -47,6 +49,8 @@ from ._specs import (
     SelectionRequest,
     StateSlot,
 )
+from ._lazy import LazyCallable, lazy
+from ._schedules.base import Schedule
 
 __version__ = _version()
 
@@ -56,6 +60,7 @@ __all__ = [
     "Graph",
     "PLUGIN_API_VERSION",
     "Candidate",
+    "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",
     "OptimizerFactory",
@@ -93,17 +98,33 @@ __all__ = [
     "validators",
 ]
 
+_compat.install()
+
+
+def _publish(*names: str) -> None:
+    """Report ``optiplug`` as the module of each public class and function.
+
+    Pickles, ``torch.serialization.add_safe_globals`` and docs then name the
+    public path (``optiplug.OptimizerFactory``), which survives moving code
+    between private modules.
+    """
+    for name in names:
+        obj = globals()[name]
+        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
+            obj.__module__ = __name__
+
+
+_publish(*(name for name in __all__ if name in globals() and not name.isupper()))
+
 _LAZY_SUBMODULES = frozenset({"checkpoint"})
 """Public submodules that import torch, imported on first attribute access."""
 
 
-_LAZY_ATTRIBUTES = {"Graph": "._graph"}
+_LAZY_ATTRIBUTES = {"Graph": "._graph.graph"}
 """Public names whose modules import torch, imported on first attribute access."""
 
 
 def __getattr__(name: str) -> object:
-    import importlib
-
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY_ATTRIBUTES:

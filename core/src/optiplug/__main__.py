@@ -1,5 +1,5 @@
 """``python -m optiplug``: the command-line interface."""
 
-from .cli import main
+from .cli.main import main
 
 raise SystemExit(main())

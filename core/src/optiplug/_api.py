@@ -1,4 +1,10 @@
-"""Module-level API over the process-wide default registry."""
+"""Module-level API over the process-wide default registry.
+
+This is the only module that owns the default registry: every function here
+wraps a :class:`~optiplug.Registry` method (as ``httpx.get`` wraps a
+``Client``), and objects that carry no registry find this one through the
+provider installed below.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,11 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ._create import OptimizerFactory, create_optimizer, validated_hparams
-from ._registry import Registry
-from ._schedules import Schedule, build_schedule
-from ._specs import OptimizerSpec, PluginInfo, Problem
+from ._core.binding import provide_default_registry
+from ._core.create import OptimizerFactory
+from ._core.registry import Registry
+from ._core.specs import OptimizerSpec, PluginInfo, Problem
+from ._schedules.base import Schedule
 
 __all__ = [
     "create",
@@ -73,9 +80,7 @@ def create(
         PluginConflictError: several plugins provide ``name`` and no ``provider``.
         HyperparameterError: an unknown or invalid hyperparameter or ``impl``.
     """
-    return create_optimizer(
-        default_registry(), name, params, impl=impl, provider=provider, **hparams
-    )
+    return default_registry().create(name, params, impl=impl, provider=provider, **hparams)
 
 
 def factory(
@@ -98,9 +103,7 @@ def factory(
     Raises:
         Same as :func:`create`, except nothing is built.
     """
-    found = spec(name, provider=provider)
-    validated_hparams(found, hparams)
-    return OptimizerFactory(found.name, hparams, impl=impl, provider=provider)
+    return default_registry().factory(name, impl=impl, provider=provider, **hparams)
 
 
 def spec(name: str, *, provider: str | None = None) -> OptimizerSpec:
@@ -136,7 +139,8 @@ def schedule(name: str, *, provider: str | None = None, **kwargs: Any) -> Schedu
         HyperparameterError: an unknown, missing or invalid parameter, naming
             the schedule, the field and the value.
     """
-    return build_schedule(default_registry().schedule_spec(name, provider=provider), kwargs)
+    built: Schedule = default_registry().schedule(name, provider=provider, **kwargs)
+    return built
 
 
 def schedules() -> list[str]:
@@ -160,9 +164,9 @@ def validate_state_dict(optimizer: Any, state_dict: Any) -> list[Problem]:
     Returns:
         Every :class:`Problem`, sorted; empty when the state dict is valid.
     """
-    from ._state import validate_state_dict as validate
+    from ._state import load as state  # deferred: imports torch
 
-    return validate(optimizer, state_dict)
+    return state.validate_state_dict(optimizer, state_dict)
 
 
 def load_state_dict(optimizer: Any, state_dict: Any, *, strict: bool = True) -> list[Problem]:
@@ -189,6 +193,9 @@ def load_state_dict(optimizer: Any, state_dict: Any, *, strict: bool = True) -> 
             unchanged. With ``strict=False`` only when the structure (groups,
             top-level keys) prevents loading anything.
     """
-    from ._state import load_state_dict as load
+    from ._state import load as state  # deferred: imports torch
 
-    return load(optimizer, state_dict, strict=strict)
+    return state.load_state_dict(optimizer, state_dict, strict=strict)
+
+
+provide_default_registry(default_registry)

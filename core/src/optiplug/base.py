@@ -23,9 +23,10 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from . import _autotune
-from ._implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
-from ._specs import ImplementationSpec
+from ._core import autotune as _autotune
+from ._core.implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
+from ._core.params import group_overrides, parameter_tensors
+from ._core.specs import ImplementationSpec
 from .errors import HyperparameterError
 from .validators import validate_hyperparameters
 
@@ -40,39 +41,7 @@ __all__ = [
 ]
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_GROUP_KEYS = frozenset({"params", "param_names"})
 _UNSET: Any = object()
-
-
-def parameter_tensors(params: Iterable[Any]) -> list[torch.Tensor]:
-    """Flatten any accepted ``params`` form into its tensors.
-
-    Args:
-        params: tensors, param-group dicts, or ``(name, tensor)`` pairs (also
-            inside a group's ``"params"``).
-
-    Returns:
-        The parameter tensors in order.
-    """
-    tensors: list[torch.Tensor] = []
-    for item in params:
-        if isinstance(item, Mapping):
-            inner = item["params"]
-            tensors += parameter_tensors([inner] if isinstance(inner, torch.Tensor) else inner)
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
-            tensors.append(item[1])
-        else:
-            tensors.append(item)
-    return tensors
-
-
-def group_overrides(params: Sequence[Any]) -> list[dict[str, Any]]:
-    """The per-group hyperparameter overrides in ``params`` (param-group dicts)."""
-    return [
-        {key: value for key, value in item.items() if key not in _GROUP_KEYS}
-        for item in params
-        if isinstance(item, Mapping)
-    ]
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -147,7 +116,7 @@ class ValidatedLoading(torch.optim.Optimizer):
         Raises:
             StateDictError: with ``.problems``, every problem found.
         """
-        from ._state import load_state_dict
+        from ._state.load import load_state_dict
 
         load_state_dict(self, state_dict, strict=True)
 

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from ._checkpoint_format import (
+from ._checkpoint.format import (
     ALLOWED_FILES,
     FORMAT,
     MARKER,
@@ -43,11 +43,13 @@ from ._checkpoint_format import (
     read_checkpoint,
     sha256,
 )
-from ._checkpoint_io import publish_directory, write_atomic_file, write_durable
-from ._checkpoint_state import snapshot, state_dict_from, stored_target, unshared
-from ._specs import OptimizerSpec, Problem, ProviderInfo
-from ._state import load_state_dict, registry_of, spec_of
-from ._state_check import check
+from ._checkpoint.io import publish_directory, write_atomic_file, write_durable
+from ._checkpoint.state import snapshot, state_dict_from, stored_target, unshared
+from ._core.binding import bound_registry
+from ._core.registry import Registry
+from ._core.specs import OptimizerSpec, Problem, ProviderInfo
+from ._state.check import check
+from ._state.load import load_state_dict, registry_of, spec_of
 from .errors import CheckpointError, OptiplugError
 
 __all__ = [
@@ -276,7 +278,7 @@ def _algorithm_problems(saved: str, spec: OptimizerSpec) -> list[Problem]:
     return [Problem(slot="algorithm", kind="algorithm", expected=expected, found=found)]
 
 
-def verify(path: PathLike) -> CheckpointInfo:
+def verify(path: PathLike, *, registry: Registry | None = None) -> CheckpointInfo:
     """Verify the checkpoint at ``path`` and describe it, without an optimizer.
 
     Besides integrity, the saved state is validated against the parameters
@@ -286,6 +288,7 @@ def verify(path: PathLike) -> CheckpointInfo:
 
     Args:
         path: the checkpoint directory.
+        registry: where to look the algorithm up; the default registry when None.
 
     Returns:
         The :class:`CheckpointInfo`.
@@ -295,15 +298,12 @@ def verify(path: PathLike) -> CheckpointInfo:
     """
     stored = read_checkpoint(Path(path))
     state_dict = state_dict_from(stored)
-    report = check(_self_target(stored, state_dict), state_dict)
+    report = check(_self_target(stored, state_dict, bound_registry(registry)), state_dict)
     info = _info(stored.path, stored.metadata, stored.tensors)
     return attrs.evolve(info, problems=tuple(sorted(report.problems)))
 
 
-def _self_target(stored: Stored, state_dict: Mapping[str, Any]) -> Any:
-    from ._api import default_registry
-
-    registry = default_registry()
+def _self_target(stored: Stored, state_dict: Mapping[str, Any], registry: Registry) -> Any:
     name = stored.metadata["algorithm"]
     try:
         spec = registry.spec(name)

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "GraphError",
     "HyperparameterError",
     "ModelConfigError",
     "OptimizerUnavailableError",
@@ -210,3 +211,7 @@ class ModelConfigError(OptiplugError, ValueError):
 
 class CheckpointError(OptiplugError, ValueError):
     """A checkpoint on disk is missing, truncated, tampered with or foreign."""
+
+
+class GraphError(OptiplugError, RuntimeError):
+    """A Graph method was used out of order (no optimizer, no loader, live epoch...)."""

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ._api import default_registry
-from ._registry import Registry
+from ._core.registry import Registry
 from .errors import HyperparameterError
 
 __all__ = [

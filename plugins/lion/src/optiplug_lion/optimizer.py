@@ -9,7 +9,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from optiplug import _autotune
+from optiplug._core import autotune as _autotune
 from optiplug.base import (
     ValidatedLoading,
     closure_loss,

@@ -1,0 +1,202 @@
+"""``AutoOptimizer``: turn a task, a model config or a module into a selection request.
+
+The request goes to :meth:`optiplug.Registry.select`, which asks every
+plugin's ``optiplug_select_optimizer`` rule and ranks the candidates
+(:mod:`optiplug._core.selection`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._core.binding import bound_registry
+from .._core.registry import Registry
+from .._core.selection import Selection
+from .._core.specs import SelectionRequest
+from ..errors import ModelConfigError
+from .model_config import estimate_parameters, normalise_task, read_config, resolve_pretrained
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["AutoOptimizer"]
+
+STAGES = ("pretraining", "finetuning")
+
+
+def _check_stage(stage: str | None) -> str | None:
+    if stage is None:
+        return None
+    folded = stage.strip().lower().replace("_", "-").replace("-", "")
+    canonical = {"pretraining": "pretraining", "finetuning": "finetuning"}.get(folded)
+    if canonical is None:
+        raise ModelConfigError(f"stage={stage!r}: expected one of {', '.join(STAGES)}")
+    return canonical
+
+
+def _request_from_config(
+    config: Mapping[str, Any], task: str | None, stage: str | None
+) -> SelectionRequest:
+    count, exact = estimate_parameters(config)
+    model_type = config.get("model_type")
+    return SelectionRequest(
+        task=normalise_task(task),
+        num_parameters=count,
+        parameters_exact=exact,
+        config=dict(config),
+        model_type=model_type if isinstance(model_type, str) else None,
+        stage=_check_stage(stage),
+    )
+
+
+class AutoOptimizer:
+    """Pick an optimizer and hyperparameters for a task or model, and say why.
+
+    Every constructor returns a :class:`Selection`; call it with parameters.
+    ``registry=`` selects another registry than the default one.
+    """
+
+    @classmethod
+    def for_task(
+        cls,
+        task: str | None,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        num_parameters: int | None = None,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> Selection:
+        """Select for a task, optionally with a model config or a parameter count.
+
+        Args:
+            task: e.g. ``"text-classification"``; normalised; unknown tasks fall
+                back to the size rules.
+            config: an HF-style config mapping or path, for the parameter count.
+            num_parameters: the parameter count, when no config is given.
+            stage: ``"pretraining"`` or ``"finetuning"``, if known.
+            registry: where to look; the default registry when None.
+
+        Returns:
+            The :class:`Selection`.
+
+        Raises:
+            ModelConfigError: an unreadable config or one lacking the needed keys.
+        """
+        if config is not None:
+            mapping = config if isinstance(config, Mapping) else read_config(config)
+            request = _request_from_config(mapping, task, stage)
+        else:
+            request = SelectionRequest(
+                task=normalise_task(task),
+                num_parameters=num_parameters,
+                parameters_exact=num_parameters is not None,
+                stage=_check_stage(stage),
+            )
+        return bound_registry(registry).select(request)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        task: str | None = None,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> Selection:
+        """Select from a model config (a mapping or the path of a ``config.json``).
+
+        Raises:
+            ModelConfigError: an unreadable config or one lacking the needed keys.
+        """
+        return cls.for_task(task, config, stage=stage, registry=registry)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        *,
+        task: str | None = None,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> Selection:
+        """Select from a local model directory/``config.json``, or an offline hub cache entry.
+
+        Raises:
+            ModelConfigError: nothing at that path (and not cached), no
+                ``config.json`` in the directory, or invalid JSON; names the path.
+        """
+        config = read_config(resolve_pretrained(name_or_path))
+        return cls.for_task(task, config, stage=stage, registry=registry)
+
+    @classmethod
+    def for_model(
+        cls,
+        model: torch.nn.Module,
+        task: str | None = None,
+        *,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> Selection:
+        """Select for a module, counting its trainable parameters exactly.
+
+        Args:
+            model: the module; an HF model's ``config`` is passed to the rules too.
+            task: the task, if known.
+            stage: ``"pretraining"`` or ``"finetuning"``, if known.
+            registry: where to look.
+
+        Returns:
+            The :class:`Selection`.
+        """
+        count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        config = getattr(model, "config", None)
+        mapping = config.to_dict() if hasattr(config, "to_dict") else None
+        model_type = (mapping or {}).get("model_type") or type(model).__name__
+        request = SelectionRequest(
+            task=normalise_task(task),
+            num_parameters=count,
+            parameters_exact=True,
+            config=mapping,
+            model_type=model_type,
+            stage=_check_stage(stage),
+        )
+        return bound_registry(registry).select(request)
+
+    @staticmethod
+    def with_schedule(selection: Selection, schedule: Any) -> Selection:
+        """Return ``selection`` paired with ``schedule``.
+
+        Args:
+            selection: a selection.
+            schedule: a :class:`~optiplug.Schedule`, a schedule name, or a dict
+                accepted by ``optiplug.schedule(**d)``.
+
+        Returns:
+            A new :class:`Selection`.
+        """
+        registry = bound_registry(selection.registry)
+        if isinstance(schedule, str):
+            schedule = registry.schedule(schedule)
+        elif isinstance(schedule, Mapping):
+            schedule = registry.schedule(**schedule)
+        return attrs.evolve(selection, schedule=schedule)
+
+    @classmethod
+    def explain(
+        cls,
+        task: str | None = None,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        num_parameters: int | None = None,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> str:
+        """Every candidate for this request, its score, rule and plugin, as text."""
+        selection = cls.for_task(
+            task, config, num_parameters=num_parameters, stage=stage, registry=registry
+        )
+        return selection.explain()

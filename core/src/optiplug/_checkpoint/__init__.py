@@ -1,0 +1,1 @@
+"""The on-disk checkpoint format behind :mod:`optiplug.checkpoint` (files, hashes, commits)."""

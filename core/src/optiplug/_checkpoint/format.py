@@ -1,0 +1,361 @@
+"""The on-disk checkpoint format: encoding, decoding and integrity checks.
+
+A checkpoint is a directory of three files::
+
+    tensors.safetensors   every state tensor (and tensor-valued hyperparameter)
+    metadata.json         schema version, algorithm, versions, parameters,
+                          groups, state layout, SHA-256 of the tensor file, extra
+    COMMITTED             written last: checkpoint id and SHA-256 of metadata.json
+
+Values in ``metadata.json`` that JSON cannot tell apart are tagged: a tuple
+is ``{"tuple": [...]}``, a list ``{"list": [...]}`` and a tensor
+``{"tensor": "<name in tensors.safetensors>"}``; every other dict is an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ..errors import CheckpointError
+from .io import read_bounded
+
+__all__ = [
+    "ALLOWED_FILES",
+    "FORMAT",
+    "MARKER",
+    "METADATA",
+    "SCHEMA_VERSION",
+    "TENSORS",
+    "Stored",
+    "decode",
+    "encode",
+    "read_checkpoint",
+    "sha256",
+]
+
+FORMAT = "optiplug-checkpoint"
+SCHEMA_VERSION = 1
+TENSORS = "tensors.safetensors"
+METADATA = "metadata.json"
+MARKER = "COMMITTED"
+ALLOWED_FILES = (TENSORS, METADATA, MARKER)
+
+_MARKER_LIMIT = 1 << 16
+_METADATA_LIMIT = 1 << 28
+_HEADER_LIMIT = 100 * (1 << 20)
+_ITEM_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
+
+
+def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Encode a state or hyperparameter value for ``metadata.json``.
+
+    Args:
+        value: a tensor, None, bool, int, float, str, or a tuple/list of those.
+        name: where it lives (``state.0.exp_avg``); also its tensor's name.
+        tensors: receives the tensors to store, by name.
+
+    Returns:
+        A JSON-serialisable value.
+
+    Raises:
+        CheckpointError: a value of another type.
+    """
+    if isinstance(value, torch.Tensor):
+        tensors[name] = value.detach().to("cpu").contiguous()
+        return {"tensor": name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        tag = "tuple" if isinstance(value, tuple) else "list"
+        return {tag: [encode(item, f"{name}.{i}", tensors) for i, item in enumerate(value)]}
+    message = (
+        f"cannot save {name}: a {type(value).__name__} is not a tensor, number, string, "
+        "None, tuple or list"
+    )
+    raise CheckpointError(message)
+
+
+def decode(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
+    """Invert :func:`encode`.
+
+    Raises:
+        CheckpointError: a value :func:`encode` cannot have written.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((tag, inner),) = value.items()
+        if tag == "tensor" and isinstance(inner, str) and inner in tensors:
+            return tensors[inner]
+        if tag in ("tuple", "list") and isinstance(inner, list):
+            items = [decode(item, tensors, where) for item in inner]
+            return tuple(items) if tag == "tuple" else items
+    raise _malformed(f"{where} holds an undecodable value {str(value)[:80]}")
+
+
+def _malformed(detail: str) -> CheckpointError:
+    return CheckpointError(f"{METADATA} is malformed: {detail}")
+
+
+@attrs.frozen
+class Stored:
+    """A verified checkpoint read from disk.
+
+    Attributes:
+        path: its directory.
+        metadata: the parsed ``metadata.json``.
+        tensors: every tensor of ``tensors.safetensors``, by name.
+    """
+
+    path: Path
+    metadata: dict[str, Any] = attrs.field(eq=False)
+    tensors: dict[str, torch.Tensor] = attrs.field(eq=False)
+
+
+def read_checkpoint(path: Path) -> Stored:
+    """Read and verify a checkpoint directory before anything uses it.
+
+    Checks, in order: the directory and its commit marker; the metadata
+    against the marker's hash; the metadata's format, schema version and
+    fields; the tensor file's size, safetensors header (bounded, offsets
+    consistent), checkpoint id and SHA-256; the tensors the metadata names.
+
+    Args:
+        path: the checkpoint directory.
+
+    Returns:
+        The verified :class:`Stored` checkpoint.
+
+    Raises:
+        CheckpointError: naming what is missing, truncated, tampered or foreign.
+    """
+    path = Path(path)
+    marker = _read_marker(path)
+    metadata = _read_metadata(path, marker)
+    data = _read_tensor_file(path, metadata["tensors"]["bytes"])
+    _check_tensor_file(path, data, metadata)
+    tensors = _load_tensors(path, data)
+    _check_tensor_names(metadata, tensors)
+    return Stored(path, metadata, tensors)
+
+
+def _read_marker(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        state = "does not exist" if not path.exists() else "is not a directory"
+        raise CheckpointError(f"no checkpoint at {path}: it {state}")
+    if not (path / MARKER).is_file():
+        message = (
+            f"{path} has no commit marker {MARKER}: the save did not finish (or this is "
+            "not an optiplug checkpoint); refusing to use it"
+        )
+        raise CheckpointError(message)
+    marker = _json(read_bounded(path / MARKER, _MARKER_LIMIT, "commit marker"), MARKER)
+    if marker.get("format") != FORMAT or not isinstance(marker.get("metadata_sha256"), str):
+        raise CheckpointError(f"{path / MARKER} is not an optiplug commit marker")
+    return marker
+
+
+def _json(data: bytes, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{name} is not valid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{name} is not a JSON object")
+    return value
+
+
+def _read_metadata(path: Path, marker: Mapping[str, Any]) -> dict[str, Any]:
+    data = read_bounded(path / METADATA, _METADATA_LIMIT, "metadata")
+    if sha256(data) != marker["metadata_sha256"]:
+        message = (
+            f"{path / METADATA} does not match the commit marker's SHA-256 "
+            "(modified, truncated or replaced after the save)"
+        )
+        raise CheckpointError(message)
+    metadata = _json(data, METADATA)
+    _check_schema(metadata)
+    if metadata["checkpoint_id"] != marker.get("checkpoint_id"):
+        raise CheckpointError(f"{path / MARKER} belongs to another checkpoint than {METADATA}")
+    return metadata
+
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "schema_version": int,
+    "checkpoint_id": str,
+    "created": str,
+    "algorithm": str,
+    "implementation": (str, type(None)),
+    "optimizer_class": str,
+    "plugin": (dict, type(None)),
+    "versions": dict,
+    "parameters": list,
+    "param_groups": list,
+    "state": dict,
+    "tensors": dict,
+    "extra": dict,
+}
+
+
+def _check_schema(metadata: Mapping[str, Any]) -> None:
+    if metadata.get("format") != FORMAT:
+        raise _malformed(f"format is {metadata.get('format')!r}, expected {FORMAT!r}")
+    version = metadata.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        message = (
+            f"checkpoint schema version {version} is newer than this optiplug reads "
+            f"({SCHEMA_VERSION}); upgrade optiplug"
+        )
+        raise CheckpointError(message)
+    for key, kind in _FIELDS.items():
+        if not isinstance(metadata.get(key), kind):
+            raise _malformed(f"field {key!r} is missing or has the wrong type")
+    if version != SCHEMA_VERSION:
+        raise _malformed(f"unknown schema version {version!r}")
+    _check_records(metadata)
+
+
+def _check_records(metadata: Mapping[str, Any]) -> None:
+    files = metadata["tensors"]
+    if not (isinstance(files.get("sha256"), str) and _count(files.get("bytes"))):
+        raise _malformed("field 'tensors' lacks sha256 or bytes")
+    for record in metadata["parameters"]:
+        ok = isinstance(record, dict) and isinstance(record.get("shape"), list)
+        if not ok or not all(_count(n) for n in record["shape"]):
+            raise _malformed(f"parameter record {str(record)[:80]} is invalid")
+        counts = _count(record.get("group")) and _count(record.get("index"))
+        if not isinstance(record.get("dtype"), str) or not counts:
+            raise _malformed(f"parameter record {str(record)[:80]} is invalid")
+    for group in metadata["param_groups"]:
+        ok = isinstance(group, dict) and isinstance(group.get("params"), list)
+        if not ok or not isinstance(group.get("hyperparameters"), dict):
+            raise _malformed(f"param group record {str(group)[:80]} is invalid")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _read_tensor_file(path: Path, expected: int) -> bytes:
+    where = path / TENSORS
+    try:
+        size = where.stat().st_size
+    except OSError as error:
+        raise CheckpointError(f"cannot read tensor file {where}: {error.strerror}") from error
+    if size != expected:
+        state = "truncated" if size < expected else "longer than saved"
+        message = f"{where} is {state}: {size} bytes, the save wrote {expected}"
+        raise CheckpointError(message)
+    return read_bounded(where, expected, "tensor file")
+
+
+def _check_tensor_file(path: Path, data: bytes, metadata: Mapping[str, Any]) -> None:
+    header = _parse_header(path, data)
+    owner = header.get("__metadata__", {}).get("checkpoint_id")
+    if owner != metadata["checkpoint_id"]:
+        message = (
+            f"{path / TENSORS} belongs to checkpoint {owner!r}, not {metadata['checkpoint_id']!r}: "
+            "it was copied from another save"
+        )
+        raise CheckpointError(message)
+    digest = sha256(data)
+    if digest != metadata["tensors"]["sha256"]:
+        message = (
+            f"{path / TENSORS} is corrupt: SHA-256 {digest} does not match the saved "
+            f"{metadata['tensors']['sha256']}"
+        )
+        raise CheckpointError(message)
+
+
+def _parse_header(path: Path, data: bytes) -> dict[str, Any]:
+    """Parse and bound-check a safetensors header without trusting its claims."""
+    where = path / TENSORS
+    if len(data) < 8:
+        raise CheckpointError(f"{where} is truncated: {len(data)} bytes, no safetensors header")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(_HEADER_LIMIT, len(data) - 8):
+        message = (
+            f"{where} has a corrupt safetensors header: it claims {size} header bytes "
+            f"but the file has {len(data) - 8} after the length field"
+        )
+        raise CheckpointError(message)
+    header = _json(data[8 : 8 + size], f"the safetensors header of {where}")
+    _check_offsets(where, header, len(data) - 8 - size)
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where} has a corrupt safetensors header (__metadata__)")
+    return header
+
+
+def _check_offsets(where: Path, header: Mapping[str, Any], available: int) -> None:
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        spans.append(_span(where, name, entry))
+    position = 0
+    for start, end, name in sorted(spans):
+        if start != position:
+            raise CheckpointError(f"{where} has a corrupt safetensors header at tensor {name!r}")
+        position = end
+    if position != available:
+        message = f"{where} has {available} data bytes but its header describes {position}"
+        raise CheckpointError(message)
+
+
+def _span(where: Path, name: str, entry: Any) -> tuple[int, int, str]:
+    ok = isinstance(entry, dict) and entry.get("dtype") in _ITEM_SIZES
+    shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
+    ok = ok and isinstance(shape, list) and all(_count(n) for n in shape)
+    ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(map(_count, offsets))
+    if not ok or offsets[1] - offsets[0] != math.prod(shape) * _ITEM_SIZES[entry["dtype"]]:
+        raise CheckpointError(f"{where} has a corrupt safetensors header at tensor {name!r}")
+    return offsets[0], offsets[1], name
+
+
+def _load_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as error:
+        message = f"{path / TENSORS} cannot be read as safetensors: {error}"
+        raise CheckpointError(message) from error
+
+
+def _check_tensor_names(metadata: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+    count = metadata["tensors"].get("count")
+    if count != len(tensors):
+        raise _malformed(f"it lists {count} tensors, the tensor file holds {len(tensors)}")

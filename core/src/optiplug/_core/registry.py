@@ -1,0 +1,589 @@
+"""The registry: a typed facade over a pluggy ``PluginManager``.
+
+Plugins are found through the ``optiplug.plugins`` entry-point group on first
+need (never at import), registered with pluggy, and asked once for their
+records. A plugin that fails is recorded with its error and a warning; the
+others keep working. Lookups resolve aliases, detect conflicts between
+plugins, and explain missing names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import pluggy
+
+from ..errors import (
+    OptimizerUnavailableError,
+    PluginConflictError,
+    PluginError,
+    PluginUnavailable,
+    UnknownOptimizerError,
+    UnknownScheduleError,
+    closest_name,
+)
+from . import builtin as _builtin
+from .build import build_schedule
+from .create import OptimizerFactory, create_optimizer, validated_hparams
+from .hooks import HOOK_NAMES, PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
+from .selection import Selection, select
+from .specs import (
+    Candidate,
+    CommandSpec,
+    ImplementationSpec,
+    OptimizerSpec,
+    PluginInfo,
+    Problem,
+    ProviderInfo,
+    ScheduleSpec,
+    SelectionRequest,
+)
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginWarning", "Registry"]
+
+ENTRY_POINT_GROUP = "optiplug.plugins"
+_Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the others keep working."""
+
+
+class _Incompatible(Exception):
+    """A plugin targets a plugin API major version this core does not speak."""
+
+
+@attrs.define
+class _Contributions:
+    """Records one plugin returned, committed only if all hooks succeeded."""
+
+    optimizers: list[OptimizerSpec] = attrs.Factory(list)
+    implementations: list[ImplementationSpec] = attrs.Factory(list)
+    schedules: list[ScheduleSpec] = attrs.Factory(list)
+    commands: list[CommandSpec] = attrs.Factory(list)
+
+    def names(self) -> tuple[str, ...]:
+        provided = [f"optimizer:{s.name}" for s in self.optimizers]
+        inline = [impl for spec in self.optimizers for impl in spec.implementations]
+        provided += [
+            f"implementation:{i.algorithm}/{i.name}" for i in inline + self.implementations
+        ]
+        provided += [f"schedule:{s.name}" for s in self.schedules]
+        provided += [f"command:{c.name}" for c in self.commands]
+        return tuple(provided)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_list(name: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
+
+
+def _api_major(plugin: object) -> int | None:
+    declared = getattr(plugin, "OPTIPLUG_API", None)
+    if declared is None:
+        return None
+    try:
+        return int(str(declared).split(".")[0])
+    except ValueError:
+        raise _Incompatible(f"OPTIPLUG_API={declared!r} is not a version number") from None
+
+
+class Registry:
+    """Optimizers, implementations and schedules provided by plugins.
+
+    The module-level functions (``optiplug.create`` ...) use a default
+    registry built on first need; tests build their own.
+
+    Args:
+        autoload: discover installed plugins through entry points on first
+            need. ``False`` gives a registry holding only the core's built-in
+            plugin plus what you :meth:`register`.
+        strict: raise :class:`~optiplug.errors.PluginError` when a plugin
+            fails or is incompatible. Defaults to ``OPTIPLUG_STRICT_PLUGINS``.
+        disabled: plugin names not to load. Defaults to
+            ``OPTIPLUG_DISABLE_PLUGINS`` (comma-separated).
+    """
+
+    def __init__(
+        self,
+        autoload: bool = True,
+        *,
+        strict: bool | None = None,
+        disabled: Iterable[str] | None = None,
+    ) -> None:
+        self.strict = _env_flag("OPTIPLUG_STRICT_PLUGINS") if strict is None else strict
+        self.disabled = (
+            _env_list("OPTIPLUG_DISABLE_PLUGINS") if disabled is None else frozenset(disabled)
+        )
+        self._manager = pluggy.PluginManager(PROJECT_NAME)
+        self._manager.add_hookspecs(HookSpecs)
+        self._lock = threading.RLock()
+        self._pending_discovery = autoload
+        self._plugins: dict[str, PluginInfo] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._optimizers: dict[str, list[OptimizerSpec]] = {}
+        self._implementations: list[ImplementationSpec] = []
+        self._schedules: dict[str, list[ScheduleSpec]] = {}
+        self._commands: dict[str, list[CommandSpec]] = {}
+        for name, module in _builtin.plugins():
+            self.register(module, name, distribution="optiplug", version=_builtin.version())
+
+    # ----------------------------------------------------------------- loading
+    def register(
+        self, plugin: object, name: str | None = None, *, distribution: str = "", version: str = ""
+    ) -> PluginInfo:
+        """Register a plugin object (usually a module of hookimpls).
+
+        Args:
+            plugin: the module or object carrying ``@optiplug.hookimpl`` functions.
+            name: the plugin's short name; defaults to the module's name.
+            distribution: the distribution that ships it, for reports.
+            version: that distribution's version.
+
+        Returns:
+            The plugin's :class:`PluginInfo` (check ``status``).
+
+        Raises:
+            PluginError: in strict mode, when the plugin fails or is incompatible.
+        """
+        plugin_name = name or getattr(plugin, "__name__", type(plugin).__name__)
+        module = getattr(plugin, "__name__", "")
+        info = self._load(plugin_name, lambda: plugin, distribution or "-", version or "-", module)
+        self._raise_if_strict([info.name])
+        return info
+
+    def _load(
+        self, name: str, load: Callable[[], object], distribution: str, version: str, module: str
+    ) -> PluginInfo:
+        with self._lock:
+            base = PluginInfo(name, distribution, version, "active", module=module)
+            if name in self.disabled:
+                why = "disabled by OPTIPLUG_DISABLE_PLUGINS"
+                return self._record(attrs.evolve(base, status="disabled", error=why))
+            try:
+                plugin = load()
+                self._check_api(plugin)
+                contributions = self._collect(
+                    name, plugin, ProviderInfo(name, distribution, version)
+                )
+            except PluginUnavailable as error:
+                info = attrs.evolve(
+                    base, status="unavailable", provides=error.provides, error=error.reason
+                )
+                return self._record(info, error)
+            except _Incompatible as error:
+                return self._record(
+                    attrs.evolve(base, status="incompatible", error=str(error)), error
+                )
+            except Exception as error:
+                text = f"{type(error).__name__}: {error}"
+                warnings.warn(
+                    f"optiplug plugin {name!r} ({distribution} {version}) failed to load and is "
+                    f"skipped ({text}); other plugins keep working",
+                    PluginWarning,
+                    stacklevel=3,
+                )
+                return self._record(attrs.evolve(base, status="failed", error=text), error)
+            self._commit(contributions)
+            rule = ("rule:" + name,) if self._implements(name, "optiplug_select_optimizer") else ()
+            return self._record(attrs.evolve(base, provides=contributions.names() + rule))
+
+    def _record(self, info: PluginInfo, error: BaseException | None = None) -> PluginInfo:
+        self._plugins[info.name] = info
+        if error is not None:
+            self._errors[info.name] = error
+        return info
+
+    @staticmethod
+    def _check_api(plugin: object) -> None:
+        major = _api_major(plugin)
+        if major is not None and major != PLUGIN_API_VERSION:
+            raise _Incompatible(
+                f"targets plugin API {major}, this optiplug speaks API {PLUGIN_API_VERSION}; "
+                "upgrade or downgrade the plugin or optiplug"
+            )
+
+    def _collect(self, name: str, plugin: object, provider: ProviderInfo) -> _Contributions:
+        if self._manager.get_plugin(name) is not None:
+            raise ValueError(f"a plugin named {name!r} is already registered")
+        unknown = _unknown_hooks(plugin)
+        if unknown:
+            raise _UnknownHooks(unknown)
+        self._manager.register(plugin, name=name)
+        try:
+            self._manager.check_pending()
+            return _Contributions(
+                optimizers=self._records(name, "optiplug_optimizers", OptimizerSpec, provider),
+                implementations=self._records(
+                    name, "optiplug_implementations", ImplementationSpec, provider
+                ),
+                schedules=self._records(name, "optiplug_schedules", ScheduleSpec, provider),
+                commands=self._records(name, "optiplug_cli_commands", CommandSpec, provider),
+            )
+        except BaseException:
+            self._manager.unregister(name=name)
+            raise
+
+    def _hookimpls(self, plugin_name: str, hook_name: str) -> list[pluggy.HookImpl]:
+        hook = getattr(self._manager.hook, hook_name)
+        return [impl for impl in hook.get_hookimpls() if impl.plugin_name == plugin_name]
+
+    def _implements(self, plugin_name: str, hook_name: str) -> bool:
+        return bool(self._hookimpls(plugin_name, hook_name))
+
+    def _records(
+        self, name: str, hook_name: str, kind: type[_Record], provider: ProviderInfo
+    ) -> list[_Record]:
+        found: list[_Record] = []
+        for impl in self._hookimpls(name, hook_name):
+            for record in impl.function() or ():
+                if not isinstance(record, kind):
+                    raise TypeError(
+                        f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
+                    )
+                found.append(attrs.evolve(record, provider=provider))
+        return found
+
+    def _commit(self, contributions: _Contributions) -> None:
+        for spec in contributions.optimizers:
+            self._optimizers.setdefault(spec.name, []).append(spec)
+            self._implementations.extend(
+                attrs.evolve(impl, provider=impl.provider or spec.provider)
+                for impl in spec.implementations
+            )
+        self._implementations.extend(contributions.implementations)
+        for schedule in contributions.schedules:
+            self._schedules.setdefault(schedule.name, []).append(schedule)
+        for command in contributions.commands:
+            self._commands.setdefault(command.name, []).append(command)
+
+    def _discover(self) -> None:
+        """Load every entry point of the group, once (de-duplicated)."""
+        with self._lock:
+            if not self._pending_discovery:
+                return
+            self._pending_discovery = False
+            loaded = []
+            for entry_point in _entry_points():
+                dist = entry_point.dist
+                distribution = dist.name if dist is not None else "-"
+                version = dist.version if dist is not None else "-"
+                name = entry_point.name
+                if name in self._plugins:
+                    name = f"{name}[{distribution}]"
+                self._load(name, entry_point.load, distribution, version, entry_point.value)
+                loaded.append(name)
+            self._raise_if_strict(loaded)
+
+    def _raise_if_strict(self, names: Iterable[str]) -> None:
+        if not self.strict:
+            return
+        bad = [
+            self._plugins[n] for n in names if self._plugins[n].status in ("failed", "incompatible")
+        ]
+        if bad:
+            described = "; ".join(
+                f"{p.name} ({p.distribution} {p.version}): {p.error}" for p in bad
+            )
+            raise PluginError(
+                f"OPTIPLUG_STRICT_PLUGINS is set and {len(bad)} plugin(s) did not load: {described}"
+            ) from self._errors.get(bad[0].name)
+
+    # ----------------------------------------------------------------- creating
+    def create(
+        self,
+        name: str,
+        params: Iterable[Any],
+        *,
+        impl: str | None = None,
+        provider: str | None = None,
+        **hparams: Any,
+    ) -> Any:
+        """Create optimizer ``name`` over ``params``; see :func:`optiplug.create`."""
+        return create_optimizer(self, name, params, impl=impl, provider=provider, **hparams)
+
+    def factory(
+        self, name: str, *, impl: str | None = None, provider: str | None = None, **hparams: Any
+    ) -> OptimizerFactory:
+        """Return a picklable recipe ``params -> optimizer`` bound to this registry.
+
+        The name and hyperparameters are checked now; see :func:`optiplug.factory`.
+
+        Raises:
+            Same as :meth:`create`, except nothing is built.
+        """
+        found = self.spec(name, provider=provider)
+        validated_hparams(found, hparams)
+        return OptimizerFactory(found.name, hparams, impl=impl, provider=provider, registry=self)
+
+    def schedule(self, name: str, *, provider: str | None = None, **kwargs: Any) -> Any:
+        """Build schedule ``name`` from this registry; see :func:`optiplug.schedule`.
+
+        A parameter given as a list of dicts (``sequence``'s ``schedules``)
+        has each dict built by name here too.
+
+        Raises:
+            UnknownScheduleError: nothing provides ``name``.
+            HyperparameterError: an unknown, missing or invalid parameter.
+        """
+        built = {key: self._nested_schedules(value) for key, value in kwargs.items()}
+        return build_schedule(self.schedule_spec(name, provider=provider), built)
+
+    def _nested_schedules(self, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not any(isinstance(v, Mapping) for v in value):
+            return value
+        return tuple(self.schedule(**item) if isinstance(item, Mapping) else item for item in value)
+
+    def select(self, request: SelectionRequest) -> Selection:
+        """Ask every plugin's selection rule about ``request`` and rank the answers.
+
+        Args:
+            request: what is known about the task and model.
+
+        Returns:
+            The winning :class:`~optiplug.Selection`, bound to this registry.
+
+        Raises:
+            OptiplugError: no rule proposed an installed algorithm.
+        """
+        return select(self, request)
+
+    # ----------------------------------------------------------------- queries
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin seen, sorted by name, with status and what it provides."""
+        self._discover()
+        return sorted(self._plugins.values(), key=lambda info: info.name)
+
+    def optimizers(self) -> list[str]:
+        """Canonical names of every available algorithm, sorted (aliases not listed)."""
+        self._discover()
+        return sorted(self._optimizers)
+
+    def schedules(self) -> list[str]:
+        """Names of every available schedule, sorted (aliases not listed)."""
+        self._discover()
+        return sorted(self._schedules)
+
+    def optimizer_specs(self) -> list[OptimizerSpec]:
+        """Every registered optimizer spec (all providers of a contested name), sorted."""
+        self._discover()
+        return [spec for name in sorted(self._optimizers) for spec in self._optimizers[name]]
+
+    def schedule_specs(self) -> list[ScheduleSpec]:
+        """Every registered schedule spec (all providers of a contested name), sorted."""
+        self._discover()
+        return [spec for name in sorted(self._schedules) for spec in self._schedules[name]]
+
+    def command_specs(self) -> list[CommandSpec]:
+        """Every ``optiplug`` subcommand plugins provide, sorted by name (first provider wins)."""
+        self._discover()
+        return [self._commands[name][0] for name in sorted(self._commands)]
+
+    def spec(self, name: str, *, provider: str | None = None) -> OptimizerSpec:
+        """Return the spec of algorithm ``name`` (an alias resolves).
+
+        Args:
+            name: algorithm name or alias.
+            provider: plugin or distribution name, to pick among conflicting providers.
+
+        Returns:
+            The :class:`OptimizerSpec`, with ``provider`` filled in.
+
+        Raises:
+            UnknownOptimizerError: nothing provides ``name``.
+            OptimizerUnavailableError: the plugin that would provide it failed,
+                is disabled, incompatible or unavailable here.
+            PluginConflictError: several plugins provide it and ``provider`` is None.
+        """
+        self._discover()
+        return self._resolve(self._optimizers, name, provider, UnknownOptimizerError)
+
+    def schedule_spec(self, name: str, *, provider: str | None = None) -> ScheduleSpec:
+        """Return the spec of schedule ``name``; raises like :meth:`spec`."""
+        self._discover()
+        return self._resolve(self._schedules, name, provider, UnknownScheduleError)
+
+    def implementations(
+        self, name: str, *, provider: str | None = None
+    ) -> list[ImplementationSpec]:
+        """Every registered implementation of algorithm ``name``, sorted by name."""
+        algorithm = self.spec(name, provider=provider).name
+        found = [impl for impl in self._implementations if impl.algorithm == algorithm]
+        return sorted(
+            found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
+        )
+
+    def _resolve(
+        self,
+        table: Mapping[str, list[_Record]],
+        name: str,
+        provider: str | None,
+        unknown: type[UnknownOptimizerError],
+    ) -> _Record:
+        entries = list(table.get(name, ()))
+        if not entries:
+            entries = [rec for recs in table.values() for rec in recs if name in rec.aliases]
+        if provider is not None:
+            entries = [rec for rec in entries if provider in _provider_names(rec)]
+        if not entries:
+            raise self._missing(name, sorted(table), unknown, provider)
+        if len(entries) > 1:
+            raise PluginConflictError(name, [_provider_tuple(rec) for rec in entries])
+        return entries[0]
+
+    def _missing(
+        self,
+        name: str,
+        available: Sequence[str],
+        unknown: type[UnknownOptimizerError],
+        provider: str | None,
+    ) -> Exception:
+        for info in self._plugins.values():
+            if info.status != "active" and (name == info.name or _provides(info, name)):
+                error = OptimizerUnavailableError(
+                    f"{name!r} is provided by plugin {info.name!r} ({info.distribution} "
+                    f"{info.version}), which is {info.status}: {info.error}"
+                )
+                error.__cause__ = self._errors.get(info.name)
+                return error
+        notes = []
+        if provider is not None:
+            notes.append(f"(No provider {provider!r} offers {name!r}.)")
+        broken = [p.name for p in self._plugins.values() if p.status in ("failed", "incompatible")]
+        if broken:
+            notes.append(
+                f"(Plugins that did not load: {', '.join(sorted(broken))}; see `optiplug list`.)"
+            )
+        return unknown(name, available, notes)
+
+    # --------------------------------------------------------------- hook calls
+    def call_each(
+        self, hook_name: str, **kwargs: Any
+    ) -> Iterator[tuple[PluginInfo, Any, BaseException | None]]:
+        """Call ``hook_name`` on each active plugin separately.
+
+        A plugin whose hook raises is reported with its exception and does not
+        stop the others.
+
+        Args:
+            hook_name: an ``optiplug_*`` hook.
+            **kwargs: the hook's arguments.
+
+        Yields:
+            ``(plugin info, result or None, exception or None)`` per hookimpl,
+            in plugin-name order.
+        """
+        self._discover()
+        hook = getattr(self._manager.hook, hook_name)
+        for impl in sorted(hook.get_hookimpls(), key=lambda i: i.plugin_name):
+            info = self._plugins[impl.plugin_name]
+            try:
+                result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as error:
+                yield info, None, error
+            else:
+                yield info, result, None
+
+    def candidates(self, request: SelectionRequest) -> list[tuple[Candidate, PluginInfo]]:
+        """Collect every plugin's candidates for ``request`` (broken rules skipped).
+
+        Args:
+            request: the selection request.
+
+        Returns:
+            ``(candidate with provider filled in, plugin)`` pairs, in plugin order.
+        """
+        found = []
+        for info, result, error in self.call_each("optiplug_select_optimizer", request=request):
+            if error is not None:
+                warnings.warn(
+                    f"selection rule of plugin {info.name!r} failed: {error}",
+                    PluginWarning,
+                    stacklevel=2,
+                )
+                continue
+            provider = ProviderInfo(info.name, info.distribution, info.version)
+            found += [(attrs.evolve(c, provider=provider), info) for c in result or ()]
+        return found
+
+    def extra_state_problems(
+        self, spec: OptimizerSpec, optimizer: Any, state_dict: Any
+    ) -> list[Problem]:
+        """Collect every plugin's extra state-dict problems.
+
+        A validation hook that raises is itself reported as a problem, so a
+        broken plugin cannot let an unchecked state dict through.
+        """
+        problems: list[Problem] = []
+        calls = self.call_each(
+            "optiplug_validate_state_dict", spec=spec, optimizer=optimizer, state_dict=state_dict
+        )
+        for info, result, error in calls:
+            if error is not None:
+                found = f"{type(error).__name__}: {error}"
+                problems.append(
+                    Problem(
+                        kind="validator-error", slot=info.name, expected="no error", found=found
+                    )
+                )
+            else:
+                problems.extend(result or ())
+        return problems
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    seen: set[tuple[str, str, str]] = set()
+    unique = []
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = entry_point.dist.name if entry_point.dist is not None else ""
+        key = (entry_point.name, entry_point.value, dist)
+        if key not in seen:
+            seen.add(key)
+            unique.append(entry_point)
+    return sorted(unique, key=lambda ep: (ep.name, ep.value))
+
+
+def _provider_names(record: Any) -> set[str]:
+    info = record.provider
+    return {info.plugin, info.distribution} if info is not None else set()
+
+
+def _provider_tuple(record: Any) -> tuple[str, str, str]:
+    info = record.provider
+    return (info.plugin, info.distribution, info.version) if info else ("?", "?", "?")
+
+
+def _provides(info: PluginInfo, name: str) -> bool:
+    return any(item == name or item.partition(":")[2] == name for item in info.provides)
+
+
+class _UnknownHooks(Exception):
+    """A plugin defines ``optiplug_*`` functions that are not hooks (typos)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        described = []
+        for name in names:
+            suggestion = closest_name(name, HOOK_NAMES)
+            hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
+            described.append(f"{name!r}{hint}")
+        super().__init__(
+            f"defines {', '.join(described)}, which {'is' if len(names) == 1 else 'are'} "
+            f"not an optiplug hook; hooks: {', '.join(sorted(HOOK_NAMES))}"
+        )
+
+
+def _unknown_hooks(plugin: object) -> list[str]:
+    """Names of ``optiplug_*`` callables on ``plugin`` that are not hook specs."""
+    names = [name for name in dir(plugin) if name.startswith("optiplug_")]
+    return sorted(
+        name for name in names if name not in HOOK_NAMES and callable(getattr(plugin, name, None))
+    )

@@ -1,0 +1,317 @@
+"""The frozen records plugins return from registration hooks."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._lazy import LazyCallable
+from ..validators import Hyperparameter, hyperparameters_of
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "Candidate",
+    "CommandSpec",
+    "ImplementationSpec",
+    "OptimizerSpec",
+    "PluginInfo",
+    "Problem",
+    "ProviderInfo",
+    "ScheduleSpec",
+    "SelectionRequest",
+    "StateSlot",
+    "summary_of",
+]
+
+PLUGIN_STATUSES = ("active", "disabled", "unavailable", "failed", "incompatible")
+
+
+def summary_of(description: str, obj: Any) -> str:
+    """Return the first line of ``description``, else of ``obj``'s docstring."""
+    if not description and isinstance(obj, LazyCallable):
+        try:
+            obj = obj.resolve()
+        except Exception:  # a broken target has no docstring; calling it will raise
+            return ""
+    text = description or inspect.getdoc(obj) or ""
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+@attrs.frozen
+class ProviderInfo:
+    """Which plugin, distribution and version provided a record."""
+
+    plugin: str
+    distribution: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.distribution} {self.version})"
+
+
+@attrs.frozen
+class StateSlot:
+    """One per-parameter state entry an algorithm keeps (e.g. ``exp_avg``).
+
+    Attributes:
+        name: the key in ``optimizer.state[param]`` (torch's name where torch
+            has the algorithm).
+        shape: ``"param"`` (same shape as the parameter) or ``"scalar"``.
+        dtype: ``"param"`` (the parameter's dtype), ``"float32"`` or
+            ``"float"`` (any floating dtype).
+        when: name of a group hyperparameter that must be truthy for the slot
+            to exist (``"amsgrad"``, ``"momentum"``); None means always.
+        constraints: any of ``"finite"``, ``"non_negative"``, ``"integral"``.
+        description: what the slot holds.
+    """
+
+    name: str
+    shape: str = attrs.field(default="param", validator=attrs.validators.in_(("param", "scalar")))
+    dtype: str = attrs.field(
+        default="param", validator=attrs.validators.in_(("param", "float32", "float"))
+    )
+    when: str | None = None
+    constraints: tuple[str, ...] = ("finite",)
+    description: str = ""
+
+    def present_for(self, group: Mapping[str, Any]) -> bool:
+        """Whether this slot should exist for a parameter of ``group``."""
+        return self.when is None or bool(group.get(self.when))
+
+
+@attrs.frozen
+class ImplementationSpec:
+    """One implementation of an algorithm (``loop``, ``foreach``, ``fused``...).
+
+    All implementations of an algorithm share its state layout, so a
+    checkpoint moves freely between them.
+
+    Attributes:
+        algorithm: the algorithm's canonical name (``"adam"``).
+        name: the implementation's name (``"fused"``).
+        factory: ``(params, **hparams) -> torch.optim.Optimizer``.
+        supports: ``(params) -> bool``; whether it can run these parameters
+            (device, dtype, layout). None means everywhere.
+        priority: order used when implementations are not chosen by
+            measurement (``OPTIPLUG_AUTOTUNE=0``): higher first.
+        description: one line for ``optiplug list``/``show``.
+        provider: filled in by the registry.
+    """
+
+    algorithm: str
+    name: str
+    factory: Callable[..., Any]
+    supports: Callable[[Sequence[torch.Tensor]], bool] | None = None
+    priority: int = 0
+    description: str = ""
+    provider: ProviderInfo | None = None
+
+    def can_run(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether this implementation supports ``params`` (device, dtype)."""
+        return True if self.supports is None else bool(self.supports(params))
+
+
+@attrs.frozen
+class OptimizerSpec:
+    """An optimizer algorithm a plugin provides.
+
+    Only ``name`` and ``factory`` are required; a torch optimizer class is a
+    valid factory.
+
+    Attributes:
+        name: canonical name users type (``"adam"``).
+        factory: ``(params, **hparams) -> torch.optim.Optimizer``.
+        defaults: hyperparameter defaults applied before the user's keywords.
+        config: attrs class validating the hyperparameters (see
+            :mod:`optiplug.validators`); None validates by signature.
+        description: one paragraph; its first line is the summary.
+        aliases: other names that resolve to this one (not listed).
+        state_slots: per-parameter state layout; None means unknown (generic
+            checks only).
+        implementations: implementations shipped with the algorithm.
+        capabilities: free-form tags (``"matrices"``, ``"sparse"``...).
+        example_hparams: keywords that make a working example (the
+            conformance checks add them, e.g. the required ``routes`` of
+            ``multi``).
+        provider: filled in by the registry.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    defaults: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    config: type | None = None
+    description: str = ""
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    state_slots: tuple[StateSlot, ...] | None = None
+    implementations: tuple[ImplementationSpec, ...] = attrs.field(default=(), converter=tuple)
+    capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    example_hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    provider: ProviderInfo | None = None
+
+    @property
+    def hyperparameters(self) -> tuple[Hyperparameter, ...]:
+        """Each hyperparameter with its effective default and constraint."""
+        found = hyperparameters_of(self.config, self.factory)
+        return tuple(attrs.evolve(h, default=self.defaults.get(h.name, h.default)) for h in found)
+
+    @property
+    def summary(self) -> str:
+        """The first line of the description (or of the factory's docstring)."""
+        return summary_of(self.description, self.factory)
+
+
+@attrs.frozen
+class ScheduleSpec:
+    """A learning-rate schedule a plugin provides.
+
+    Attributes:
+        name: the name users type (``"cosine"``).
+        factory: ``(**kwargs) -> Schedule``; validates its parameters.
+        description: one paragraph; its first line is the summary.
+        aliases: other names that resolve to this one.
+        provider: filled in by the registry.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    provider: ProviderInfo | None = None
+
+    @property
+    def summary(self) -> str:
+        """The first line of the description (or of the factory's docstring)."""
+        return summary_of(self.description, self.factory)
+
+
+@attrs.frozen
+class CommandSpec:
+    """A subcommand of the ``optiplug`` command line a plugin provides.
+
+    The built-in commands (``list``, ``show``, ``train``...) are records like
+    this one, returned from the same hook (``optiplug_cli_commands``).
+
+    Attributes:
+        name: the subcommand users type (``"train"``).
+        help: one line for ``optiplug --help``.
+        configure: ``(argparse.ArgumentParser) -> None``; adds the arguments.
+        run: ``(argparse.Namespace) -> int``; the exit status. An
+            :class:`~optiplug.errors.OptiplugError` it raises is printed as
+            one line and exits 2.
+        description: a paragraph for ``optiplug NAME --help``.
+        provider: filled in by the registry.
+    """
+
+    name: str
+    help: str
+    configure: Callable[..., Any]
+    run: Callable[..., Any]
+    description: str = ""
+    provider: ProviderInfo | None = None
+
+
+@attrs.frozen
+class SelectionRequest:
+    """What ``AutoOptimizer`` knows when it asks plugins for candidates.
+
+    Attributes:
+        task: normalised task name, or None.
+        num_parameters: parameter count N, or None when unknown.
+        parameters_exact: True when N was counted, False when estimated.
+        config: the model config mapping, if any.
+        model_type: e.g. ``"gpt2"`` or a module class name, if known.
+        stage: ``"pretraining"``, ``"finetuning"`` or None.
+    """
+
+    task: str | None = None
+    num_parameters: int | None = None
+    parameters_exact: bool = False
+    config: Mapping[str, Any] | None = None
+    model_type: str | None = None
+    stage: str | None = None
+
+
+@attrs.frozen
+class Candidate:
+    """One scored proposal from a selection rule.
+
+    Attributes:
+        algorithm: the optimizer name to create.
+        hparams: its hyperparameters.
+        score: higher wins.
+        reason: why the rule proposes it (shown by ``explain``).
+        schedule: an optional schedule (or schedule name) to pair it with.
+        rule: the rule's name, for ``explain``.
+        provider: filled in by the registry.
+    """
+
+    algorithm: str
+    hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    score: float = 0.0
+    reason: str = ""
+    schedule: Any = None
+    rule: str = ""
+    provider: ProviderInfo | None = None
+
+
+@attrs.frozen(order=True)
+class Problem:
+    """One problem found while validating an optimizer state dict.
+
+    Problems sort by group, parameter, slot and kind, so reports are stable.
+
+    Attributes:
+        group: param-group index, or None for top-level problems.
+        parameter: parameter name (or ``"#index"`` when unnamed), or None.
+        slot: state slot or group key concerned, or None.
+        kind: short machine-readable kind (``"shape"``, ``"dtype"``...).
+        expected: what was expected.
+        found: what was found.
+    """
+
+    group: int = attrs.field(default=-1, converter=lambda v: -1 if v is None else v)
+    parameter: str = ""
+    slot: str = ""
+    kind: str = ""
+    expected: str = ""
+    found: str = ""
+
+    def __str__(self) -> str:
+        where = []
+        if self.group >= 0:
+            where.append(f"group {self.group}")
+        if self.parameter:
+            where.append(f"parameter {self.parameter}")
+        if self.slot:
+            where.append(f"slot {self.slot!r}")
+        location = ", ".join(where) or "state dict"
+        return f"{location}: {self.kind}: expected {self.expected}, found {self.found}"
+
+
+@attrs.frozen
+class PluginInfo:
+    """A plugin as ``optiplug.plugins()`` and ``optiplug list`` report it.
+
+    Attributes:
+        name: short plugin name (the entry-point name).
+        distribution: the installed distribution that provided it.
+        version: that distribution's version.
+        status: ``active``, ``disabled``, ``unavailable``, ``failed`` or
+            ``incompatible``.
+        provides: ``"kind:name"`` for each registered record.
+        error: why it is not active, if it is not.
+        module: the module (entry-point value) it was loaded from.
+    """
+
+    name: str
+    distribution: str
+    version: str
+    status: str = attrs.field(validator=attrs.validators.in_(PLUGIN_STATUSES))
+    provides: tuple[str, ...] = ()
+    error: str | None = None
+    module: str = ""

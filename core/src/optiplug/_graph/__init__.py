@@ -1,0 +1,1 @@
+"""``Graph``: the training integration (module, data, optimizer, schedule, checkpoints, DDP)."""

@@ -1,0 +1,1 @@
+"""Optimizer state dicts: value checks, whole-dict validation, all-or-nothing loading."""

@@ -1,0 +1,305 @@
+"""Validating and loading optimizer state dicts: every problem at once, all-or-nothing.
+
+The optimizer's algorithm is found from, in order: the spec the registry
+tagged it with when it created it (attribute ``_optiplug_spec``, see
+:mod:`optiplug._create`), the ``algorithm`` class attribute of a
+:class:`~optiplug.base.TorchBackedOptimizer` looked up in the registry, and
+otherwise a schema-less spec named after the class (generic checks only).
+
+Loading validates first, builds the new state and groups aside (copying every
+tensor), and only then swaps them in, so a failure leaves the optimizer
+exactly as it was. An optimizer composed of sub-optimizers validates and
+loads its own state dicts through two methods (:data:`COMPOSITE_VALIDATE`,
+:data:`COMPOSITE_LOAD`), typically by splitting the dict and calling these
+functions per sub-optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .._core.binding import bound_registry
+from .._core.create import REGISTRY_ATTRIBUTE, SPEC_ATTRIBUTE
+from .._core.params import GROUP_META_KEYS
+from .._core.registry import Registry
+from .._core.specs import OptimizerSpec, Problem
+from ..errors import OptiplugError, StateDictError
+from .check import Report, Target, TargetGroup, check, kept_keys
+from .values import ParamInfo, describe, truthy
+
+__all__ = [
+    "load_state_dict",
+    "registry_of",
+    "spec_of",
+    "target_of",
+    "validate_state_dict",
+]
+
+_log = logging.getLogger("optiplug.state")
+
+COMPOSITE_VALIDATE = "optiplug_validate_state_dict"
+COMPOSITE_LOAD = "optiplug_load_state_dict"
+"""Methods an optimizer made of sub-optimizers (``multi``) defines to validate
+and load its own state dicts; :func:`validate_state_dict` and
+:func:`load_state_dict` delegate to them."""
+
+
+def registry_of(optimizer: Any) -> Registry:
+    """The registry that created ``optimizer``, else the default registry."""
+    tagged = getattr(optimizer, REGISTRY_ATTRIBUTE, None)
+    return bound_registry(tagged if isinstance(tagged, Registry) else None)
+
+
+def spec_of(optimizer: Any, registry: Registry) -> OptimizerSpec:
+    """The spec describing ``optimizer``'s algorithm (see the module docstring).
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``.
+        registry: where to look the algorithm up.
+
+    Returns:
+        The registered spec, or a schema-less one named after the class.
+    """
+    tagged = getattr(optimizer, SPEC_ATTRIBUTE, None)
+    if isinstance(tagged, OptimizerSpec):
+        return tagged
+    cls = type(optimizer)
+    name = getattr(cls, "algorithm", None)
+    if isinstance(name, str) and name:
+        try:
+            return registry.spec(name)
+        except OptiplugError:
+            pass
+    config = getattr(cls, "config_class", None)
+    return OptimizerSpec(name=name or cls.__name__, factory=cls, config=config)
+
+
+def target_of(optimizer: Any, spec: OptimizerSpec, registry: Registry) -> Target:
+    """Describe ``optimizer``'s groups for :func:`~optiplug._state_check.check`."""
+    groups = tuple(
+        TargetGroup(
+            tuple(ParamInfo.of(p) for p in group["params"]),
+            _names(group),
+            {k: v for k, v in group.items() if k not in GROUP_META_KEYS},
+        )
+        for group in optimizer.param_groups
+    )
+    return Target(spec, groups, tuple(registry.optimizer_specs()))
+
+
+def _names(group: Mapping[str, Any]) -> tuple[str, ...] | None:
+    names = group.get("param_names")
+    return tuple(names) if names is not None else None
+
+
+def validate_state_dict(
+    optimizer: Any, state_dict: Any, *, registry: Registry | None = None
+) -> list[Problem]:
+    """Every problem loading ``state_dict`` into ``optimizer`` would hit, sorted.
+
+    Args:
+        optimizer: the optimizer it would be loaded into (not modified).
+        state_dict: the candidate state dict (not modified).
+        registry: where to find specs and validation hooks; defaults to the
+            one that created the optimizer, else the default registry.
+
+    Returns:
+        The problems, sorted; empty when the state dict is valid.
+    """
+    own = getattr(optimizer, COMPOSITE_VALIDATE, None)
+    if callable(own):
+        return sorted(own(state_dict))
+    registry = registry if registry is not None else registry_of(optimizer)
+    spec = spec_of(optimizer, registry)
+    return sorted(_report(optimizer, spec, registry, state_dict).problems)
+
+
+def _report(optimizer: Any, spec: OptimizerSpec, registry: Registry, state_dict: Any) -> Report:
+    report = check(target_of(optimizer, spec, registry), state_dict)
+    if not report.fatal:
+        for problem in _hook_problems(registry, spec, optimizer, state_dict):
+            report.problems.append(problem)
+            _attribute(report, problem)
+    return report
+
+
+def _hook_problems(
+    registry: Registry, spec: OptimizerSpec, optimizer: Any, state_dict: Any
+) -> list[Problem]:
+    try:
+        found = list(registry.extra_state_problems(spec, optimizer, state_dict))
+    except Exception as error:
+        found = [_plugin_problem(f"{type(error).__name__}: {error}")]
+    return [p if isinstance(p, Problem) else _plugin_problem(describe(p)) for p in found]
+
+
+def _plugin_problem(found: str) -> Problem:
+    return Problem(kind="validator-error", expected="a list of optiplug.Problem", found=found)
+
+
+def _attribute(report: Report, problem: Problem) -> None:
+    """Decide what a partial load skips for a plugin's problem (unknown: nothing loads)."""
+    positions = {(m.group, m.label): m.position for m in report.matches}
+    if (problem.group, problem.parameter) in positions:
+        report.skipped_params.add(positions[problem.group, problem.parameter])
+    elif problem.group >= 0 and problem.slot and not problem.parameter:
+        report.skipped_keys.setdefault(problem.group, set()).add(problem.slot)
+    else:
+        report.fatal = True
+
+
+def load_state_dict(
+    optimizer: Any,
+    state_dict: Any,
+    *,
+    strict: bool = True,
+    registry: Registry | None = None,
+    extra_problems: Iterable[Problem] = (),
+) -> list[Problem]:
+    """Validate, then load ``state_dict`` into ``optimizer`` all-or-nothing.
+
+    Args:
+        optimizer: the optimizer to load into.
+        state_dict: as returned by ``Optimizer.state_dict()`` (not modified,
+            never aliased: tensors are copied).
+        strict: raise on any problem; False loads what is valid.
+        registry: see :func:`validate_state_dict`.
+        extra_problems: problems the caller found (e.g. a checkpoint of
+            another algorithm); they count like the others.
+
+    Returns:
+        The problems skipped (``strict=False``) and ``hyperparameter-changed``
+        notes (saved values that differ from the optimizer's; saved ones win).
+
+    Raises:
+        StateDictError: a problem with ``strict=True``, or a structure that
+            cannot be loaded even partially; the optimizer is unchanged.
+    """
+    own = getattr(optimizer, COMPOSITE_LOAD, None)
+    if callable(own):
+        return own(state_dict, strict=strict, extra_problems=tuple(extra_problems))
+    registry = registry if registry is not None else registry_of(optimizer)
+    state_dict = _pre_hooks(optimizer, state_dict)
+    spec = spec_of(optimizer, registry)
+    report = _report(optimizer, spec, registry, state_dict)
+    report.problems += list(extra_problems)
+    if report.fatal or (strict and report.problems):
+        raise StateDictError(sorted(report.problems), header=_header(spec, strict, report))
+    state, groups = _build(optimizer, spec, state_dict, report)
+    _commit(optimizer, state, groups, spec)
+    for change in report.changed:
+        _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)
+    return sorted(([] if strict else report.problems) + report.changed)
+
+
+def _header(spec: OptimizerSpec, strict: bool, report: Report) -> str:
+    partial = "" if strict or not report.fatal else " (not even partially: its structure is wrong)"
+    return f"cannot load this state dict into {spec.name}{partial}; nothing was changed"
+
+
+def _pre_hooks(optimizer: Any, state_dict: Any) -> Any:
+    """Run torch's load-state-dict pre-hooks on a shallow copy, as torch does."""
+    hooks = getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", None)
+    if not hooks or not isinstance(state_dict, Mapping):
+        return state_dict
+    state_dict = dict(state_dict)
+    for hook in hooks.values():
+        result = hook(optimizer, state_dict)
+        if result is not None:
+            state_dict = result
+    return state_dict
+
+
+def _build(
+    optimizer: Any, spec: OptimizerSpec, state_dict: Mapping[str, Any], report: Report
+) -> tuple[defaultdict[Any, dict[str, Any]], list[dict[str, Any]]]:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: defaultdict[Any, dict[str, Any]] = defaultdict(dict, optimizer.state)
+    saved = state_dict["state"]
+    generic = spec.state_slots is None
+    for match in report.matches:
+        if match.position in report.skipped_params:
+            continue
+        param, group = params[match.position], optimizer.param_groups[match.group]
+        entry = saved.get(match.saved_id)
+        if entry:
+            state[param] = {k: _copy(k, v, param, group, generic) for k, v in entry.items()}
+        else:
+            state.pop(param, None)
+    groups = [
+        _merged(spec, current, loaded, report.skipped_keys.get(index, set()))
+        for index, (current, loaded) in enumerate(
+            zip(optimizer.param_groups, state_dict["param_groups"], strict=True)
+        )
+    ]
+    return state, groups
+
+
+def _copy(
+    key: str, value: Any, param: torch.Tensor, group: Mapping[str, Any], generic: bool
+) -> Any:
+    """Copy one state value onto the parameter's device (dtypes were validated).
+
+    ``step`` stays a CPU scalar unless the group is fused or capturable, as in
+    torch; schema-less optimizers get torch's casting rule for the rest.
+    """
+    if not isinstance(value, torch.Tensor):
+        return copy.deepcopy(value)
+    value = value.detach()
+    if key == "step" and value.ndim == 0:
+        on_device = truthy(group.get("fused")) or truthy(group.get("capturable"))
+        if on_device:
+            return value.to(device=param.device, dtype=torch.float32, copy=True)
+        return value.to(device="cpu", copy=True)
+    if generic and param.is_floating_point():
+        return value.to(device=param.device, dtype=param.dtype, copy=True)
+    return value.to(device=param.device, copy=True)
+
+
+def _merged(
+    spec: OptimizerSpec,
+    current: dict[str, Any],
+    loaded: Mapping[str, Any],
+    skipped: set[str],
+) -> dict[str, Any]:
+    """The group after loading: saved hyperparameters over this optimizer's own.
+
+    The optimizer keeps its params, names, implementation flags and
+    class-fixed keys; saved keys that had problems are skipped.
+    """
+    kept = kept_keys(spec, {k: v for k, v in current.items() if k not in GROUP_META_KEYS})
+    merged = dict(current)
+    for key, value in loaded.items():
+        if isinstance(key, str) and key not in GROUP_META_KEYS and key not in kept | skipped:
+            merged[key] = (
+                value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            )
+    return merged
+
+
+def _commit(
+    optimizer: Any,
+    state: defaultdict[Any, dict[str, Any]],
+    groups: list[dict[str, Any]],
+    spec: OptimizerSpec,
+) -> None:
+    """Swap the new state in; if the optimizer's ``__setstate__`` fails, restore it."""
+    before = dict(optimizer.__dict__)
+    try:
+        optimizer.__setstate__({"state": state, "param_groups": groups})
+    except Exception as error:
+        optimizer.__dict__.clear()
+        optimizer.__dict__.update(before)
+        found = f"{type(error).__name__}: {error}"
+        problem = Problem(
+            kind="load-failed", expected="the optimizer accepts the state", found=found
+        )
+        raise StateDictError([problem], header=_header(spec, True, Report())) from error
+    for hook in getattr(optimizer, "_optimizer_load_state_dict_post_hooks", {}).values():
+        hook(optimizer)

@@ -1,0 +1,325 @@
+"""Checks of single values in an optimizer state dict: slot tensors and hyperparameters.
+
+Each check returns *findings* ``(kind, expected, found)``; the caller places
+them (group, parameter, slot) into :class:`~optiplug.Problem` records. No
+check raises on odd input: anything unexpected is itself a finding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from .._core.specs import OptimizerSpec, StateSlot
+from ..errors import HyperparameterError
+from ..validators import learning_rate, validate_hyperparameters
+
+__all__ = [
+    "IMPLEMENTATION_FLAGS",
+    "OPTIONAL_GROUP_KEYS",
+    "Finding",
+    "ParamInfo",
+    "config_fields",
+    "describe",
+    "generic_findings",
+    "hyperparameter_findings",
+    "same_value",
+    "slot_findings",
+    "truthy",
+]
+
+Finding = tuple[str, str, str]
+"""``(kind, expected, found)``."""
+
+IMPLEMENTATION_FLAGS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+"""Group keys describing how an optimizer runs, not its state: the loading optimizer keeps its own."""
+
+OPTIONAL_GROUP_KEYS = IMPLEMENTATION_FLAGS | {"maximize", "decoupled_weight_decay", "initial_lr"}
+"""Group keys a state dict may lack (older torch) or carry extra (schedulers) without error."""
+
+_GENERIC_CLASS_KEYS = frozenset({"decoupled_weight_decay"})
+_SIMPLE = (type(None), bool, int, float, str)
+_MAX_REPR = 60
+
+
+@attrs.frozen
+class ParamInfo:
+    """What state checks need to know about a parameter.
+
+    Attributes:
+        shape: the parameter's shape.
+        dtype: its dtype.
+        layout: its layout (``torch.strided`` for dense tensors).
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    layout: torch.layout = torch.strided
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> ParamInfo:
+        """Describe ``tensor``."""
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.layout)
+
+
+def describe(value: Any) -> str:
+    """A short description of ``value`` for a problem report."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor{list(value.shape)} {_dtype_name(value.dtype)}"
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return str(list(shape))
+
+
+def _floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _tensor_kind(value: Any) -> Finding | None:
+    if not isinstance(value, torch.Tensor):
+        return ("type", "a tensor", f"{type(value).__name__} {describe(value)}")
+    if value.layout is not torch.strided:
+        return ("layout", "a dense (strided) tensor", str(value.layout))
+    return None
+
+
+def _expected_dtype(slot: StateSlot, param: ParamInfo) -> torch.dtype | None:
+    return {"param": param.dtype, "float32": torch.float32}.get(slot.dtype)
+
+
+def _dtype_finding(slot: StateSlot, value: torch.Tensor, param: ParamInfo) -> Finding | None:
+    expected = _expected_dtype(slot, param)
+    if expected is None:
+        if _floating(value.dtype):
+            return None
+        return ("dtype", "a floating dtype", _dtype_name(value.dtype))
+    if value.dtype == expected:
+        return None
+    why = " (the parameter's dtype)" if slot.dtype == "param" else ""
+    return ("dtype", f"{_dtype_name(expected)}{why}", _dtype_name(value.dtype))
+
+
+def slot_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding]:
+    """Check one declared slot's value against its rule and the parameter.
+
+    Args:
+        slot: the declared slot.
+        value: the value found in the state dict.
+        param: the parameter the state belongs to.
+
+    Returns:
+        Every finding: type, layout, shape, dtype, then constraint breaches.
+    """
+    wrong = _tensor_kind(value)
+    if wrong is not None:
+        return [wrong]
+    found: list[Finding] = []
+    expected_shape = param.shape if slot.shape == "param" else ()
+    if tuple(value.shape) != expected_shape:
+        rule = "the parameter's shape" if slot.shape == "param" else "a scalar"
+        found.append(
+            ("shape", f"{_shape_text(expected_shape)} ({rule})", _shape_text(tuple(value.shape)))
+        )
+    dtype = _dtype_finding(slot, value, param)
+    if dtype is not None:
+        return [*found, dtype]
+    return found + constraint_findings(slot.constraints, value)
+
+
+def constraint_findings(constraints: tuple[str, ...], value: torch.Tensor) -> list[Finding]:
+    """Check ``finite``, ``non_negative`` and ``integral`` constraints on a tensor."""
+    if value.device.type == "meta" or value.numel() == 0 or not _floating(value.dtype):
+        return []
+    found: list[Finding] = []
+    finite = torch.isfinite(value)
+    if "finite" in constraints and not bool(finite.all()):
+        nans = int(torch.isnan(value).sum())
+        infs = int((~finite).sum()) - nans
+        found.append(("non-finite", "finite values", f"{nans} NaN, {infs} Inf"))
+    if value.is_complex():
+        return found
+    if "non_negative" in constraints and bool((value < 0).any()):
+        found.append(("negative", "values >= 0", f"minimum {value.min().item()!r}"))
+    if "integral" in constraints:
+        kept = value[finite]
+        if bool((kept != kept.round()).any()):
+            found.append(("non-integral", "whole numbers", describe_values(value)))
+    return found
+
+
+def describe_values(value: torch.Tensor) -> str:
+    """The value of a small tensor (or its first few elements)."""
+    flat = value.detach().reshape(-1)[:4].tolist()
+    return repr(flat[0]) if value.ndim == 0 else repr(flat)
+
+
+def generic_findings(value: Any, param: ParamInfo) -> list[Finding]:
+    """Checks for an optimizer without declared slots.
+
+    A tensor must be dense, floating, shaped like the parameter (with its
+    dtype) or a scalar, and finite; a plain number must be finite; ``None``
+    is accepted; anything else is a type problem.
+    """
+    if value is None or isinstance(value, (bool, int)):
+        return []
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [("non-finite", "a finite number", repr(value))]
+    wrong = _tensor_kind(value)
+    if wrong is not None:
+        return (
+            [(wrong[0], "a tensor, a number or None", wrong[2])] if wrong[0] == "type" else [wrong]
+        )
+    shape = tuple(value.shape)
+    if shape not in (param.shape, ()):
+        expected = f"{_shape_text(param.shape)} (the parameter's shape) or [] (a scalar)"
+        return [("shape", expected, _shape_text(shape))]
+    if not _floating(value.dtype):
+        return [("dtype", "a floating dtype", _dtype_name(value.dtype))]
+    if shape == param.shape and shape and _floating(param.dtype) and value.dtype != param.dtype:
+        expected = f"{_dtype_name(param.dtype)} (the parameter's dtype)"
+        return [("dtype", expected, _dtype_name(value.dtype))]
+    return constraint_findings(("finite",), value)
+
+
+def truthy(value: Any) -> bool:
+    """``bool(value)``, treating values that cannot be truth-tested as true."""
+    try:
+        return bool(value)
+    except Exception:
+        return True
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two hyperparameter values are equal (tensors, tuples vs lists, 0 vs 0.0)."""
+    try:
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return _same_tensor(a, b)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+        if isinstance(a, bool) != isinstance(b, bool):
+            return False
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+
+
+def config_fields(spec: OptimizerSpec) -> dict[str, attrs.Attribute[Any]]:
+    """The attrs fields of ``spec.config`` by name (empty without a config class)."""
+    if spec.config is None or not attrs.has(spec.config):
+        return {}
+    return {field.name: field for field in attrs.fields(spec.config)}
+
+
+def class_keys(spec: OptimizerSpec, current: Mapping[str, Any]) -> frozenset[str]:
+    """Group keys fixed by the optimizer class, not the user (``decoupled_weight_decay``)."""
+    fields = config_fields(spec)
+    if not fields:
+        return _GENERIC_CLASS_KEYS & current.keys()
+    return frozenset(current) - fields.keys() - IMPLEMENTATION_FLAGS - {"initial_lr", "params"}
+
+
+def _field_error(field: attrs.Attribute[Any], value: Any) -> str | None:
+    try:
+        converted = field.converter(value) if callable(field.converter) else value
+        if field.validator is not None:
+            field.validator(None, field, converted)
+    except HyperparameterError as error:
+        return error.reason
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _single_error(spec: OptimizerSpec, key: str, value: Any) -> str | None:
+    """Validate one key with the spec's config field, or the well-known rules."""
+    fields = config_fields(spec)
+    if key in fields:
+        return _field_error(fields[key], value)
+    if key == "initial_lr":
+        return _field_error(attrs.fields(_InitialLr).initial_lr, value)
+    try:
+        validate_hyperparameters(spec.name, {key: value})
+    except HyperparameterError as error:
+        return error.reason
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return _type_error(value)
+
+
+def _type_error(value: Any) -> str | None:
+    if isinstance(value, _SIMPLE):
+        return None
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and value.layout is torch.strided:
+        return None
+    if isinstance(value, (tuple, list)) and all(isinstance(v, _SIMPLE) for v in value):
+        return None
+    return "must be a number, bool, string, None, 0-d tensor or a tuple of those"
+
+
+@attrs.frozen
+class _InitialLr:
+    """Validates ``initial_lr`` (added by torch LR schedulers) like ``lr``."""
+
+    initial_lr: float = attrs.field(validator=learning_rate)
+
+
+def hyperparameter_findings(spec: OptimizerSpec, values: Mapping[str, Any]) -> dict[str, Finding]:
+    """Validate saved group hyperparameters as the constructor would.
+
+    Each key is checked alone first (so every bad value is reported), then
+    the config class runs over the keys that passed, for cross-field rules
+    (e.g. Nesterov needs momentum); the key it blames is reported and the
+    check repeats without it.
+
+    Args:
+        spec: the algorithm.
+        values: the saved group's hyperparameters to check.
+
+    Returns:
+        ``{key: finding}`` for each rejected key.
+    """
+    found: dict[str, Finding] = {}
+    for key, value in values.items():
+        error = _single_error(spec, key, value)
+        if error is not None:
+            found[key] = ("hyperparameter", error, describe(value))
+    fields = config_fields(spec)
+    good = {k: v for k, v in values.items() if k in fields and k not in found}
+    while good:
+        blamed = _cross_field_error(spec, good)
+        if blamed is None:
+            break
+        key, reason = blamed
+        found[key] = ("hyperparameter", reason, describe(good.pop(key)))
+    return found
+
+
+def _cross_field_error(spec: OptimizerSpec, values: dict[str, Any]) -> tuple[str, str] | None:
+    try:
+        validate_hyperparameters(spec.name, values, config=spec.config)
+    except HyperparameterError as error:
+        key = error.field if error.field in values else next(iter(values))
+        return key, error.reason
+    except Exception as error:
+        return next(iter(values)), f"{type(error).__name__}: {error}"
+    return None
