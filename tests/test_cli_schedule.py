@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import optiplug
-from optiplug.cli import schedule as _cli_schedule
 from optiplug.cli import main
+from optiplug.cli import schedule as _cli_schedule
 
 
 def _rows(output: str) -> dict[int, list[str]]:

@@ -10,8 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import optiplug
 from optiplug import Graph
-from optiplug.errors import GraphError
-from optiplug.errors import HyperparameterError
+from optiplug.errors import GraphError, HyperparameterError
 
 
 class Pairs(Dataset):

@@ -110,7 +110,7 @@ def _publish(*names: str) -> None:
     """
     for name in names:
         obj = globals()[name]
-        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
+        if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__qualname__")):
             obj.__module__ = __name__
 
 
