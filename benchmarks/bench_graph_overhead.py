@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 import optiplug
-from optiplug._train.job import CharTransformer, Windows, load_corpus, next_token_loss
+from optiplug._train.data import Windows, load_corpus
+from optiplug._train.model import CharTransformer, next_token_loss
 
 HPARAMS = {"lr": 1e-3, "weight_decay": 0.01}
 

@@ -16,6 +16,7 @@ EXPECTED_ALL = {
     "ENTRY_POINT_GROUP",
     "PLUGIN_API_VERSION",
     "Candidate",
+    "CandidateReport",
     "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",

@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import optiplug
 from optiplug import Graph
-from optiplug._train.job import TrainConfig, build_graph, load_corpus
+from optiplug._train.config import TrainConfig
+from optiplug._train.data import load_corpus
+from optiplug._train.loop import build_graph
+from optiplug._train.report import Progress
 from optiplug.cli import main
 
 TINY = [
@@ -47,7 +51,7 @@ def losses(out: str) -> dict[str, float]:
 def restored(directory: Path) -> Graph:
     """A Graph of the TINY run, loaded from ``directory``'s checkpoint."""
     config = TrainConfig(n_layer=1, d_model=32, n_head=2, block_size=32, batch_size=8, impl="loop")
-    graph, _ = build_graph(config, load_corpus(None, 100_000))
+    graph, _ = build_graph(config, load_corpus(None, 100_000), optiplug.default_registry())
     graph.load(directory / "checkpoint")
     return graph
 
@@ -216,8 +220,6 @@ class Terminal(io.StringIO):
 
 
 def test_progress_bar_on_a_terminal_and_log_lines_elsewhere() -> None:
-    from optiplug._train.job import Progress
-
     terminal, logged = Terminal(), []
     bar = Progress(100, stream=terminal, log=logged.append)
     bar.update(50, 2.5, 1e-3)

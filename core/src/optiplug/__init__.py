@@ -14,6 +14,7 @@ import torch; discovery happens once, on first need.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import _compat, errors, validators
 from ._api import (
@@ -36,7 +37,7 @@ from ._core.hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._core.implementations import torch_implementations
 from ._core.registry import ENTRY_POINT_GROUP, PluginWarning, Registry
 from ._core.routing import ParameterRoute, Routing
-from ._core.selection import Selection
+from ._core.selection import CandidateReport, Selection
 from ._core.specs import (
     Candidate,
     CommandSpec,
@@ -52,6 +53,10 @@ from ._core.specs import (
 from ._lazy import LazyCallable, lazy
 from ._schedules.base import Schedule
 
+if TYPE_CHECKING:  # imported on first access at run time (they import torch): see __getattr__
+    from . import checkpoint
+    from ._graph.graph import Graph
+
 __version__ = _version()
 
 __all__ = [
@@ -60,6 +65,7 @@ __all__ = [
     "Graph",
     "PLUGIN_API_VERSION",
     "Candidate",
+    "CandidateReport",
     "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._core.binding import provide_default_registry
 from ._core.create import OptimizerFactory
 from ._core.registry import Registry
 from ._core.specs import OptimizerSpec, PluginInfo, Problem
 from ._schedules.base import Schedule
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "create",
@@ -59,7 +62,7 @@ def create(
     impl: str | None = None,
     provider: str | None = None,
     **hparams: Any,
-) -> Any:
+) -> torch.optim.Optimizer:
     """Create optimizer ``name`` over ``params``.
 
     Args:

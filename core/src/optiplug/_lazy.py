@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -25,7 +25,7 @@ class LazyCallable:
 
     @target.validator
     def _check_target(self, _: attrs.Attribute[str], value: str) -> None:
-        module, _, attribute = value.partition(":")
+        module, _colon, attribute = value.partition(":")
         if not module or not attribute:
             raise ValueError(f"lazy target must look like 'module:attribute', got {value!r}")
 
@@ -35,7 +35,9 @@ class LazyCallable:
         obj: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             obj = getattr(obj, part)
-        return obj
+        # A lazy target names a callable (a factory, a class); what an import
+        # finds has no static type.
+        return cast("Callable[..., Any]", obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.resolve()(*args, **{**self.kwargs, **kwargs})
@@ -45,7 +47,7 @@ def lazy(target: str, **kwargs: Any) -> LazyCallable:
     """Refer to ``"module:attribute"`` without importing it yet.
 
     Args:
-        target: ``"package.module:attribute"``, e.g. ``"optiplug_adam._optimizer:Adam"``.
+        target: ``"package.module:attribute"``, e.g. ``"optiplug_adam:Adam"``.
         **kwargs: keywords bound in front of the caller's.
 
     Returns:

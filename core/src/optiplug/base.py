@@ -1,47 +1,128 @@
-"""Building blocks for optimizers backed by torch's own kernels.
+"""The toolkit for plugin authors: everything a first-party plugin builds on.
 
-Where torch already ships the fastest correct kernel (fused/foreach Adam,
-AdamW, SGD), an optiplug optimizer *is* torch's optimizer with three things
-added: hyperparameters validated by an attrs config class, an ``impl``
-(``"loop"``, ``"foreach"``, ``"fused"``) chosen by measurement unless forced,
-and state loading that keeps the optimizer's implementation (a checkpoint
-moves freely between implementations)::
+Plugins (first-party or not) import only public modules: :mod:`optiplug`,
+:mod:`optiplug.base`, :mod:`optiplug.validators`, :mod:`optiplug.errors`
+and :mod:`optiplug.testing`. This one holds the pieces that import torch:
 
-    class Adam(TorchBackedOptimizer, torch.optim.Adam):
-        algorithm = "adam"
-        config_class = AdamConfig
+* :class:`TorchBackedOptimizer` and :func:`torch_backed_optimizer`: torch's
+  own optimizer class (fused/foreach Adam, AdamW, SGD) with validated
+  hyperparameters, a measured choice of ``impl`` and validated state loading::
 
-This module imports torch; plugin entry-point modules should refer to
-optimizer classes lazily (:func:`optiplug.lazy`).
+      class Adam(TorchBackedOptimizer, torch.optim.Adam):
+          algorithm = "adam"
+          config_class = AdamConfig
+
+* :class:`KernelTableOptimizer`: an optimizer of one's own with several
+  implementations (kernels) sharing one state layout, as torch's ``adamw()``
+  dispatches to its single-tensor, multi-tensor and fused kernels.
+* :func:`choose_implementation`: the measured choice among implementation
+  records that :func:`optiplug.create` makes.
+* :func:`validated_config`, :func:`named_param_groups`,
+  :func:`parameter_tensors`, :func:`group_overrides`: the ``params`` and
+  hyperparameter handling every optimizer repeats.
+* :func:`warn_at_caller` / :func:`caller_stacklevel`: warnings that point at
+  the user's line, not at optiplug or torch.
+
+Plugin entry-point modules must not import torch (``optiplug list`` imports
+them): name optimizer classes with :func:`optiplug.lazy` there.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from types import FrameType
+from typing import Any, ClassVar, Protocol, cast
 
 import attrs
 import torch
 
+# torch's own check; torch.optim.optimizer does not list it in __all__
+from torch.optim.optimizer import (  # type: ignore[attr-defined]
+    _get_fused_kernels_supported_devices,
+)
+
 from ._core import autotune as _autotune
+from ._core import params as _params
 from ._core.implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
-from ._core.params import group_overrides, parameter_tensors
+from ._core.params import GROUP_META_KEYS
 from ._core.specs import ImplementationSpec
+from ._lazy import lazy
+from ._state.load import load_state_dict
 from .errors import HyperparameterError
 from .validators import validate_hyperparameters
 
 __all__ = [
+    "GROUP_META_KEYS",
+    "Kernel",
+    "KernelTableOptimizer",
+    "NamedParamGroup",
+    "Supports",
     "TorchBackedOptimizer",
     "ValidatedLoading",
+    "caller_stacklevel",
+    "choose_implementation",
     "closure_loss",
     "foreach_supported",
     "fused_supported",
     "group_overrides",
+    "named_param_groups",
     "parameter_tensors",
+    "torch_backed_optimizer",
+    "validated_config",
+    "warn_at_caller",
 ]
+
+
+class Kernel(Protocol):
+    """One implementation's update, in place: ``kernel(params, grads, *state, **options)``.
+
+    Every kernel of a :class:`KernelTableOptimizer` has the same signature;
+    any function does (this protocol only names the role).
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        """Update the tensors of one param group in place."""
+
+
+class Supports(Protocol):
+    """``(params) -> bool``: whether an implementation can run these parameter tensors."""
+
+    def __call__(self, params: Sequence[torch.Tensor], /) -> bool:
+        """True when every tensor (device, dtype, layout) is supported."""
+
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _UNSET: Any = object()
+_OWN_PACKAGES = frozenset({"optiplug", "torch"})
+
+
+# ------------------------------------------------------------------ helpers
+def parameter_tensors(params: Iterable[Any]) -> list[torch.Tensor]:
+    """Flatten any accepted ``params`` form into its tensors.
+
+    Args:
+        params: tensors, param-group dicts, or ``(name, tensor)`` pairs (also
+            inside a group's ``"params"``).
+
+    Returns:
+        The parameter tensors in order.
+    """
+    return _params.parameter_tensors(params)
+
+
+def group_overrides(params: Sequence[Any]) -> list[dict[str, Any]]:
+    """The per-group hyperparameter overrides in ``params`` (its param-group dicts).
+
+    Args:
+        params: the (materialised) ``params`` argument.
+
+    Returns:
+        One dict per param-group dict: its keys but ``params`` and ``param_names``.
+    """
+    return _params.group_overrides(params)
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -49,6 +130,12 @@ def closure_loss(closure: Callable[[], Any] | None) -> Any:
 
     ``step`` runs under ``torch.no_grad()``; the closure recomputes the loss
     and its gradients, so it needs them back on.
+
+    Args:
+        closure: the closure given to ``step``, or None.
+
+    Returns:
+        What the closure returned (the loss), or None.
     """
     if closure is None:
         return None
@@ -61,9 +148,13 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
 
     They need dense floating tensors (fp16, bf16, fp32, fp64) all on one
     device of a type torch has fused kernels for (CPU, CUDA, MPS, XPU...).
-    """
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
+    Args:
+        params: the parameter tensors.
+
+    Returns:
+        True when every tensor qualifies.
+    """
     devices = {p.device for p in params}
     if len(devices) > 1:
         return False
@@ -75,27 +166,212 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
 
 
 def foreach_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's foreach (multi-tensor) paths can run ``params`` (dense tensors)."""
+    """Whether torch's foreach (multi-tensor) paths can run ``params`` (dense tensors).
+
+    Args:
+        params: the parameter tensors.
+
+    Returns:
+        True when every tensor is dense (strided).
+    """
     return all(p.layout is torch.strided for p in params)
 
 
-def _checked(impl: str, name: str, params: Sequence[torch.Tensor]) -> None:
-    if impl not in TORCH_IMPLEMENTATION_FLAGS:
-        choices = ", ".join(sorted(TORCH_IMPLEMENTATION_FLAGS))
+def caller_stacklevel(packages: Iterable[str] = ()) -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside the library.
+
+    Call it in the function that calls :func:`warnings.warn`; frames of
+    ``optiplug``, ``torch`` and ``packages`` (top-level package names, e.g.
+    your plugin's) are skipped, so the warning names the user's line however
+    deep inside ``step()`` it was raised.
+
+    Args:
+        packages: further top-level packages to look through.
+
+    Returns:
+        The value for ``warnings.warn(..., stacklevel=...)``.
+    """
+    return _stacklevel(sys._getframe(1), packages)
+
+
+def warn_at_caller(
+    message: str, category: type[Warning] = UserWarning, *, packages: Iterable[str] = ()
+) -> None:
+    """``warnings.warn`` pointed at the first frame outside the library.
+
+    Args:
+        message: the warning's text.
+        category: its class.
+        packages: further top-level packages to look through (your plugin's);
+            ``optiplug`` and ``torch`` always are.
+    """
+    warnings.warn(message, category, stacklevel=_stacklevel(sys._getframe(0), packages))
+
+
+def _stacklevel(frame: FrameType | None, packages: Iterable[str]) -> int:
+    """Levels from ``frame`` (level 1) up to the first frame outside the skipped packages."""
+    own = _OWN_PACKAGES | set(packages)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in own:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@attrs.frozen
+class NamedParamGroup:
+    """One param group of an optimizer's ``params``, with each tensor's name.
+
+    Attributes:
+        params: ``(name, tensor)`` pairs; the name is None when the input
+            gave none (a bare tensor without ``param_names``).
+        options: the group's hyperparameter overrides (every key of a
+            param-group dict but ``params`` and ``param_names``).
+    """
+
+    params: tuple[tuple[str | None, torch.Tensor], ...]
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def named(self) -> bool:
+        """Whether every parameter of the group has a name."""
+        return all(name is not None for name, _ in self.params)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The group's tensors, in order."""
+        return [tensor for _, tensor in self.params]
+
+
+def named_param_groups(params: Iterable[Any]) -> list[NamedParamGroup]:
+    """Parse any accepted ``params`` form into groups of named tensors.
+
+    Accepts what ``torch.optim.Optimizer`` accepts: tensors, ``(name,
+    tensor)`` pairs (``model.named_parameters()``), or param-group dicts
+    whose ``"params"`` is a tensor or a list of either, optionally with
+    ``"param_names"``.
+
+    Args:
+        params: the optimizer's ``params`` argument.
+
+    Returns:
+        One :class:`NamedParamGroup` per param-group dict, or a single one
+        for a flat list (none for an empty one).
+
+    Raises:
+        HyperparameterError: a group's ``param_names`` does not match its
+            parameters one to one.
+    """
+    items = list(params)
+    if not items:
+        return []
+    groups = items if isinstance(items[0], Mapping) else [{"params": items}]
+    parsed = []
+    for group in groups:
+        inner = group["params"]
+        inner = [inner] if isinstance(inner, torch.Tensor) else list(inner)
+        names = group.get("param_names") or [None] * len(inner)
+        if len(names) != len(inner):
+            raise HyperparameterError(
+                "param_names", names, f"gives {len(names)} names for {len(inner)} parameters"
+            )
+        pairs = tuple(
+            (item[0], item[1]) if isinstance(item, tuple) else (name, item)
+            for name, item in zip(names, inner, strict=True)
+        )
+        options = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
+        parsed.append(NamedParamGroup(pairs, options))
+    return parsed
+
+
+def validated_config(
+    algorithm: str, config_class: type, params: Sequence[Any], hparams: Mapping[str, Any]
+) -> Any:
+    """Validate ``hparams``, and each param group's overrides merged over them.
+
+    Args:
+        algorithm: the algorithm's name, for error messages.
+        config_class: the attrs class validating its hyperparameters.
+        params: the (materialised) ``params`` argument.
+        hparams: the constructor's keywords.
+
+    Returns:
+        The ``config_class`` instance of ``hparams``.
+
+    Raises:
+        HyperparameterError: naming the algorithm, field and value.
+    """
+    config = validate_hyperparameters(algorithm, hparams, config=config_class)
+    for override in group_overrides(params):
+        validate_hyperparameters(algorithm, {**hparams, **override}, config=config_class)
+    return config
+
+
+def choose_implementation(
+    algorithm: str,
+    candidates: Sequence[ImplementationSpec],
+    params: Iterable[Any],
+    hparams: Mapping[str, Any],
+) -> ImplementationSpec:
+    """The implementation :func:`optiplug.create` would choose among ``candidates``.
+
+    Only candidates that can run the parameters (``candidate.can_run``) take
+    part. Among them the fastest wins, timed once per process on synthetic
+    tensors shaped like ``params`` (never on them; the global RNG is left
+    alone) and cached per algorithm, device type and dtype. With
+    ``OPTIPLUG_AUTOTUNE=0``, a single runnable candidate or no parameters,
+    nothing is timed: the highest ``priority`` wins (then the name).
+
+    Args:
+        algorithm: the algorithm's name (part of the cache key).
+        candidates: its implementation records; each ``factory`` builds the
+            optimizer forced to that implementation (used for timing).
+        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        hparams: hyperparameters to time with.
+
+    Returns:
+        The chosen record.
+
+    Raises:
+        HyperparameterError: (field ``impl``) no candidate can run ``params``.
+    """
+    tensors = parameter_tensors(params)
+    chosen = _autotune.select(algorithm, candidates, None, tensors, hparams)
+    if chosen is None:
+        names = ", ".join(sorted(c.name for c in candidates)) or "none given"
         raise HyperparameterError(
             "impl",
-            impl,
-            f"not an implementation of {name}; choose one of {choices}",
-            algorithm=name,
+            None,
+            f"no implementation supports these parameters ({_autotune.tensor_kinds(tensors)}); "
+            f"candidates: {names}",
+            algorithm=algorithm,
         )
-    supported = {"fused": fused_supported, "foreach": foreach_supported}.get(impl)
-    if supported is not None and params and not supported(params):
-        kinds = sorted({f"{p.device.type}/{p.dtype}" for p in params})
-        raise HyperparameterError(
-            "impl", impl, f"does not support these parameters ({', '.join(kinds)})", algorithm=name
-        )
+    return chosen
 
 
+def _prepare(
+    cls: type[_ContractOptimizer],
+    params: Iterable[Any],
+    lr: Any,
+    impl: str | None,
+    hparams: dict[str, Any],
+) -> tuple[list[Any], Any, str]:
+    """The constructor sequence: validate, then choose (or check) the implementation.
+
+    Returns:
+        ``(params as a list, the config instance, the implementation name)``.
+    """
+    if lr is not _UNSET:
+        hparams["lr"] = lr
+    params = list(params)
+    config = validated_config(cls.algorithm, cls.config_class, params, hparams)
+    tensors = parameter_tensors(params)
+    candidates = cls.implementation_specs()
+    forced = _autotune.select(cls.algorithm, candidates, impl, tensors, hparams) if impl else None
+    chosen = forced or choose_implementation(cls.algorithm, candidates, tensors, hparams)
+    return params, config, chosen.name
+
+
+# ------------------------------------------------------------------ classes
 class ValidatedLoading(torch.optim.Optimizer):
     """Mixin: ``load_state_dict`` validates first and loads all-or-nothing.
 
@@ -116,18 +392,29 @@ class ValidatedLoading(torch.optim.Optimizer):
         Raises:
             StateDictError: with ``.problems``, every problem found.
         """
-        from ._state.load import load_state_dict
-
         load_state_dict(self, state_dict, strict=True)
 
 
-class TorchBackedOptimizer(ValidatedLoading, torch.optim.Optimizer):
+class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
+    """What both optimizer bases share: an algorithm name, a config class, implementations."""
+
+    algorithm: ClassVar[str] = ""
+    config_class: ClassVar[type]
+
+    @classmethod
+    def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
+        """This class's implementations as records."""
+        raise NotImplementedError
+
+
+class TorchBackedOptimizer(_ContractOptimizer):
     """Mixin for an optimizer that is torch's own class plus optiplug's contract.
 
     Subclasses list it before the torch class and set :attr:`algorithm` and
-    :attr:`config_class`. Hyperparameters are keyword arguments (``lr`` may
-    also be positional); ``impl`` picks ``"loop"``, ``"foreach"`` or
-    ``"fused"``, or, when None, the fastest supported one by measurement.
+    :attr:`config_class` (or use :func:`torch_backed_optimizer`).
+    Hyperparameters are keyword arguments (``lr`` may also be positional);
+    ``impl`` picks ``"loop"``, ``"foreach"`` or ``"fused"``, or, when None,
+    the fastest supported one by measurement.
 
     Args:
         params: tensors, param-group dicts or ``(name, tensor)`` pairs.
@@ -140,35 +427,32 @@ class TorchBackedOptimizer(ValidatedLoading, torch.optim.Optimizer):
             that does not exist or cannot run these parameters.
     """
 
-    algorithm: ClassVar[str] = ""
-    config_class: ClassVar[type]
-
     def __init__(
         self, params: Iterable[Any], lr: Any = _UNSET, *, impl: str | None = None, **hparams: Any
     ) -> None:
-        if lr is not _UNSET:
-            hparams["lr"] = lr
-        config = validate_hyperparameters(self.algorithm, hparams, config=self.config_class)
-        params = list(params)
-        for override in group_overrides(params):
-            validate_hyperparameters(
-                self.algorithm, {**hparams, **override}, config=self.config_class
-            )
-        tensors = parameter_tensors(params)
-        impl = impl if impl is not None else self._fastest(tensors, hparams)
-        _checked(impl, self.algorithm, tensors)
-        values = attrs.asdict(config, recurse=False)
-        super().__init__(params, **values, **TORCH_IMPLEMENTATION_FLAGS[impl])
+        params, config, chosen = _prepare(type(self), params, lr, impl, hparams)
+        options: dict[str, Any] = {
+            **attrs.asdict(config, recurse=False),
+            **TORCH_IMPLEMENTATION_FLAGS[chosen],
+        }
+        super().__init__(params, **options)  # the torch class's keywords (lr=..., fused=...)
 
     @classmethod
-    def implementation_specs(cls) -> tuple[ImplementationSpec, ...]:
-        """This class's implementations as records (``loop``, ``foreach``, ``fused``)."""
-        return torch_implementations(cls.algorithm, f"{cls.__module__}:{cls.__qualname__}")
+    def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
+        """This class's implementations as records (``loop``, ``foreach``, ``fused``).
 
-    @classmethod
-    def _fastest(cls, tensors: Sequence[torch.Tensor], hparams: Mapping[str, Any]) -> str:
-        candidates = [impl for impl in cls.implementation_specs() if impl.can_run(tensors)]
-        return _autotune.choose(cls.algorithm, candidates, tensors, hparams).name
+        Args:
+            target: ``"module:Class"`` naming this class, for records a
+                registry keeps (lazy, picklable factories); None gives
+                factories bound to the class itself.
+
+        Returns:
+            One record per implementation; each factory forces it.
+        """
+        records = torch_implementations(cls.algorithm, target or f"{cls.__module__}:{cls.__name__}")
+        if target is not None:
+            return records
+        return tuple(attrs.evolve(r, factory=functools.partial(cls, impl=r.name)) for r in records)
 
     @property
     def impl(self) -> str:
@@ -177,3 +461,219 @@ class TorchBackedOptimizer(ValidatedLoading, torch.optim.Optimizer):
         if group.get("fused"):
             return "fused"
         return "foreach" if group.get("foreach") else "loop"
+
+
+def torch_backed_optimizer(
+    algorithm: str,
+    torch_class: type[torch.optim.Optimizer],
+    config_class: type,
+    *,
+    name: str | None = None,
+    module: str | None = None,
+    doc: str | None = None,
+) -> type[TorchBackedOptimizer]:
+    """Build the :class:`TorchBackedOptimizer` subclass of ``torch_class``.
+
+    Equivalent to writing::
+
+        class Adam(TorchBackedOptimizer, torch.optim.Adam):
+            algorithm = "adam"
+            config_class = AdamConfig
+
+    Give ``module`` (and ``name``) where the class is importable from, so it
+    pickles; the module must return this same class object for ``name``
+    (e.g. build it once in a module ``__getattr__`` and cache it).
+
+    Args:
+        algorithm: the algorithm's name.
+        torch_class: the torch optimizer class (``torch.optim.Adam``).
+        config_class: the attrs class validating the hyperparameters.
+        name: the class name; defaults to ``torch_class``'s.
+        module: the importable module that exposes the class; defaults to
+            the caller's module.
+        doc: the class docstring.
+
+    Returns:
+        The new optimizer class.
+    """
+    name = name or torch_class.__name__
+    namespace: dict[str, Any] = {
+        "algorithm": algorithm,
+        "config_class": config_class,
+        "__module__": module or sys._getframe(1).f_globals.get("__name__", __name__),
+        "__qualname__": name,
+        "__doc__": doc or f"{torch_class.__name__} with optiplug's contract ({algorithm}).",
+    }
+    return cast(
+        "type[TorchBackedOptimizer]", type(name, (TorchBackedOptimizer, torch_class), namespace)
+    )
+
+
+class KernelTableOptimizer(_ContractOptimizer):
+    """Base for an optimizer with several kernels that share one state layout.
+
+    In the style of ``torch.optim.adamw()`` dispatching to its
+    single-tensor, multi-tensor and fused kernels: each implementation is a
+    function with one signature, ``kernel(params, grads, *state_lists,
+    **options)``, updating the tensors in place. A subclass declares:
+
+    * :attr:`algorithm` and :attr:`config_class` (the attrs class that
+      validates the hyperparameters; its fields become the group defaults);
+    * :attr:`implementations`: ``{"loop": kernel, "foreach": kernel, ...}``;
+    * :attr:`supports` (optional): ``{"foreach": foreach_supported, ...}``,
+      which implementations run which parameters (absent: all);
+    * :attr:`priorities` (optional): the order when not measured
+      (``OPTIPLUG_AUTOTUNE=0``), higher first (absent: 0, then by name);
+    * :attr:`zero_state`: per-parameter state tensors, created as zeros like
+      the parameter on its first step and passed, in this order, after
+      ``params`` and ``grads``.
+
+    The constructor validates the hyperparameters (top level and per param
+    group), then uses ``impl`` if given or :func:`choose_implementation`.
+    ``step`` gathers each group's tensors (:meth:`_group_tensors`) and
+    keywords (:meth:`_kernel_options`, by default the group's config fields)
+    and calls the chosen kernel once per group. Override those two hooks for
+    other state (e.g. a step counter) or packed hyperparameters.
+
+    Args:
+        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        lr: the learning rate (also accepted as a keyword).
+        impl: an implementation name, or None to choose the fastest
+            supported one by measurement (cached per process).
+        **hparams: the algorithm's other hyperparameters.
+
+    Raises:
+        HyperparameterError: an unknown keyword, a bad value, or an ``impl``
+            (field ``impl``) that does not exist or cannot run ``params``.
+    """
+
+    implementations: ClassVar[Mapping[str, Kernel]] = {}
+    supports: ClassVar[Mapping[str, Supports]] = {}
+    priorities: ClassVar[Mapping[str, int]] = {}
+    descriptions: ClassVar[Mapping[str, str]] = {}
+    zero_state: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for table in ("supports", "priorities", "descriptions"):
+            unknown = set(getattr(cls, table)) - set(cls.implementations)
+            if unknown:
+                raise TypeError(
+                    f"{cls.__qualname__}.{table} names {sorted(unknown)}, which are not in "
+                    f"its implementations ({sorted(cls.implementations)})"
+                )
+
+    def __init__(
+        self, params: Iterable[Any], lr: Any = _UNSET, *, impl: str | None = None, **hparams: Any
+    ) -> None:
+        if not self.implementations:
+            raise TypeError(f"{type(self).__qualname__} declares no implementations")
+        params, config, chosen = _prepare(type(self), params, lr, impl, hparams)
+        self._impl = chosen
+        super().__init__(params, attrs.asdict(config, recurse=False))
+
+    @classmethod
+    def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
+        """This class's implementations as records, one per entry of :attr:`implementations`.
+
+        Args:
+            target: ``"module:Class"`` naming this class, for records a
+                registry keeps (lazy, picklable factories); None gives
+                factories bound to the class itself.
+
+        Returns:
+            One :class:`~optiplug.ImplementationSpec` per implementation;
+            each factory builds this class forced to it.
+        """
+        return tuple(
+            ImplementationSpec(
+                cls.algorithm,
+                name,
+                lazy(target, impl=name) if target else functools.partial(cls, impl=name),
+                supports=cls.supports.get(name),
+                priority=cls.priorities.get(name, 0),
+                description=cls.descriptions.get(name, ""),
+            )
+            for name in cls.implementations
+        )
+
+    @property
+    def impl(self) -> str:
+        """The implementation in use (a key of :attr:`implementations`)."""
+        return self._impl
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus the implementation."""
+        return {**super().__getstate__(), "_impl": self._impl}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore, keeping the implementation (``loop`` or the first for old pickles)."""
+        super().__setstate__(state)
+        if "_impl" not in self.__dict__:
+            self._impl = (
+                "loop" if "loop" in self.implementations else next(iter(self.implementations))
+            )
+
+    def _group_tensors(self, group: dict[str, Any]) -> tuple[list[torch.Tensor], ...]:
+        """The kernel's tensor lists for one param group.
+
+        By default ``(params, grads, *zero_state lists)`` over the
+        parameters that have a gradient, creating missing state as zeros.
+
+        Args:
+            group: one of ``self.param_groups``.
+
+        Returns:
+            The positional arguments of the kernel; the first list empty
+            means there is nothing to update.
+
+        Raises:
+            RuntimeError: a sparse gradient or a complex parameter.
+        """
+        params: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        slots: dict[str, list[torch.Tensor]] = {name: [] for name in self.zero_state}
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            if param.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if torch.is_complex(param):
+                raise RuntimeError(f"{type(self).__name__} does not support complex parameters")
+            state = self.state[param]
+            for name, tensors in slots.items():
+                if name not in state:
+                    state[name] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                tensors.append(state[name])
+            params.append(param)
+            grads.append(param.grad)
+        return (params, grads, *slots.values())
+
+    def _kernel_options(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The kernel's keywords for one param group: by default its config fields.
+
+        Args:
+            group: one of ``self.param_groups``.
+
+        Returns:
+            Keyword arguments of the kernel.
+        """
+        return {field.name: group[field.name] for field in attrs.fields(self.config_class)}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Perform one optimization step with the chosen kernel.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+
+        Returns:
+            The closure's loss, or None.
+        """
+        loss = closure_loss(closure)
+        kernel = self.implementations[self._impl]
+        for group in self.param_groups:
+            tensors = self._group_tensors(group)
+            if tensors and tensors[0]:
+                kernel(*tensors, **self._kernel_options(group))
+        return loss

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 import torch
+from safetensors.torch import save as to_bytes
 
 from ._checkpoint.format import (
     ALLOWED_FILES,
@@ -191,7 +192,9 @@ def save(
         key: encode(value, f"extra_tensors.{key}", added) for key, value in (tensors or {}).items()
     }
     stored = unshared({**stored, **added})
-    publish_directory(Path(path), lambda d: _write(d, metadata, stored), ALLOWED_FILES)
+    publish_directory(
+        Path(path), lambda d: _write(d, metadata, stored), ALLOWED_FILES, marker=MARKER
+    )
     return _info(Path(path), metadata, stored)
 
 
@@ -204,8 +207,6 @@ def _check_extra(extra: Mapping[str, Any]) -> None:
 
 
 def _write(directory: Path, metadata: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save as to_bytes
-
     header = {"format": FORMAT, "checkpoint_id": metadata["checkpoint_id"]}
     data = to_bytes(tensors, metadata=header)
     metadata["tensors"] = {
@@ -358,7 +359,7 @@ def _parameter(
         group=record["group"],
         shape=tuple(record["shape"]),
         dtype=record["dtype"],
-        slots=slots.get(saved_id, ()),
+        slots=slots.get(saved_id, ()) if saved_id is not None else (),
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._api import default_registry
+from ._core.binding import bound_registry
 from ._core.registry import Registry
 from .errors import HyperparameterError
 
@@ -52,7 +52,7 @@ def conformance_cases(registry: Registry | None = None) -> list[tuple[str, str |
     Returns:
         Sorted pairs for every registered algorithm and each implementation.
     """
-    registry = registry or default_registry()
+    registry = bound_registry(registry)
     cases: list[tuple[str, str | None]] = []
     for name in registry.optimizers():
         cases.append((name, None))
@@ -86,7 +86,7 @@ def _build(
     registry: Registry | None,
     **hparams: Any,
 ) -> torch.optim.Optimizer:
-    registry = registry or default_registry()
+    registry = bound_registry(registry)
     spec = registry.spec(name)
     fields = {h.name for h in spec.hyperparameters}
     defaults = {k: v for k, v in _DEFAULT_HPARAMS.items() if k in fields or not fields}
@@ -101,7 +101,7 @@ def _train(
     for _ in range(steps):
         optimizer.zero_grad()
         loss = _loss(named)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
     return _loss_value(named)
 
@@ -161,7 +161,7 @@ def check_hyperparameter_errors(
     hparams: Mapping[str, Any] | None = None,
 ) -> None:
     """Bad hyperparameters raise HyperparameterError naming the field; a typo gets a suggestion."""
-    registry = registry or default_registry()
+    registry = bound_registry(registry)
     fields = {h.name for h in registry.spec(name).hyperparameters}
     bad: list[tuple[str, Any]] = [("lr", -1.0), ("lr", float("nan")), ("lr", float("inf"))]
     bad += [("betas", (1.0, 0.9)), ("eps", 0.0), ("weight_decay", -0.1), ("momentum", 1.5)]

@@ -21,7 +21,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -45,6 +45,20 @@ __all__ = [
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
+class NamedField(Protocol):
+    """What the validators here read of the field they check: its name.
+
+    ``attrs.Attribute`` is one; so is the stand-in used when hyperparameters
+    are checked without a config class.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+
+_FieldCheck = Callable[[Any, NamedField, Any], None]
+
+
 def _as_number(field: str, value: Any) -> float:
     """Return ``value`` as a float, accepting Python numbers and 0-d tensors."""
     if isinstance(value, bool):
@@ -63,32 +77,32 @@ def _finite(field: str, value: Any) -> float:
     return number
 
 
-def learning_rate(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def learning_rate(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a finite number (or 0-d tensor) >= 0."""
     if _finite(attribute.name, value) < 0:
         raise HyperparameterError(attribute.name, value, "must be >= 0")
 
 
-def non_negative(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def non_negative(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a finite number >= 0."""
     if _finite(attribute.name, value) < 0:
         raise HyperparameterError(attribute.name, value, "must be >= 0")
 
 
-def positive(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def positive(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a finite number > 0."""
     if _finite(attribute.name, value) <= 0:
         raise HyperparameterError(attribute.name, value, "must be > 0")
 
 
-def unit_interval(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def unit_interval(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a finite number in [0, 1)."""
     number = _finite(attribute.name, value)
     if not 0.0 <= number < 1.0:
         raise HyperparameterError(attribute.name, value, "must be in [0, 1)")
 
 
-def betas(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def betas(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a pair of numbers, each in [0, 1)."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise HyperparameterError(attribute.name, value, "must be a pair (beta1, beta2)")
@@ -98,13 +112,13 @@ def betas(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
             raise HyperparameterError(attribute.name, value, f"beta{index + 1} must be in [0, 1)")
 
 
-def boolean(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def boolean(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a bool only (not 0/1 or a string)."""
     if not isinstance(value, bool):
         raise HyperparameterError(attribute.name, value, "must be True or False")
 
 
-def positive_int(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def positive_int(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept an int >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise HyperparameterError(attribute.name, value, "must be an integer >= 1")
@@ -143,7 +157,7 @@ class Hyperparameter:
     constraint: str
 
 
-_WELL_KNOWN: dict[str, tuple[Validator, str]] = {
+_WELL_KNOWN: dict[str, tuple[_FieldCheck, str]] = {
     "lr": (learning_rate, "finite, >= 0"),
     "betas": (betas, "each in [0, 1)"),
     "eps": (positive, "> 0"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Mapping
@@ -141,9 +142,7 @@ def resolve_pretrained(name_or_path: str | os.PathLike[str]) -> Path:
     cached = _hub_cache_config(str(name_or_path))
     if cached is not None:
         return cached
-    try:
-        import huggingface_hub  # noqa: F401 - only probing whether it is installed
-    except ImportError:
+    if importlib.util.find_spec("huggingface_hub") is None:
         hint = "huggingface_hub is not installed, so hub ids cannot be looked up"
     else:
         hint = "it is not in the local Hugging Face cache (optiplug never downloads)"
@@ -155,7 +154,7 @@ def resolve_pretrained(name_or_path: str | os.PathLike[str]) -> Path:
 
 def _hub_cache_config(repo_id: str) -> Path | None:
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # deferred: optional dependency
     except ImportError:
         return None
     try:

@@ -154,7 +154,9 @@ class AutoOptimizer:
         """
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         config = getattr(model, "config", None)
-        mapping = config.to_dict() if hasattr(config, "to_dict") else None
+        mapping: dict[str, Any] | None = None
+        if config is not None and hasattr(config, "to_dict"):
+            mapping = config.to_dict()
         model_type = (mapping or {}).get("model_type") or type(model).__name__
         request = SelectionRequest(
             task=normalise_task(task),

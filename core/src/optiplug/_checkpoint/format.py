@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 import torch
+from safetensors.torch import load as safetensors_load
 
 from ..errors import CheckpointError
 from .io import read_bounded
@@ -336,20 +337,22 @@ def _check_offsets(where: Path, header: Mapping[str, Any], available: int) -> No
 
 
 def _span(where: Path, name: str, entry: Any) -> tuple[int, int, str]:
-    ok = isinstance(entry, dict) and entry.get("dtype") in _ITEM_SIZES
-    shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
-    ok = ok and isinstance(shape, list) and all(_count(n) for n in shape)
-    ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(map(_count, offsets))
-    if not ok or offsets[1] - offsets[0] != math.prod(shape) * _ITEM_SIZES[entry["dtype"]]:
-        raise CheckpointError(f"{where} has a corrupt safetensors header at tensor {name!r}")
+    corrupt = CheckpointError(f"{where} has a corrupt safetensors header at tensor {name!r}")
+    if not isinstance(entry, dict) or entry.get("dtype") not in _ITEM_SIZES:
+        raise corrupt
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_count(n) for n in shape):
+        raise corrupt
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_count, offsets)):
+        raise corrupt
+    if offsets[1] - offsets[0] != math.prod(shape) * _ITEM_SIZES[entry["dtype"]]:
+        raise corrupt
     return offsets[0], offsets[1], name
 
 
 def _load_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
     try:
-        return load(data)
+        return safetensors_load(data)
     except Exception as error:
         message = f"{path / TENSORS} cannot be read as safetensors: {error}"
         raise CheckpointError(message) from error

@@ -95,14 +95,21 @@ def check_replaceable(path: Path, allowed: Iterable[str]) -> None:
         raise CheckpointError(message)
 
 
-def publish_directory(path: Path, write: Callable[[Path], None], allowed: Iterable[str]) -> None:
+def publish_directory(
+    path: Path, write: Callable[[Path], None], allowed: Iterable[str], *, marker: str
+) -> None:
     """Write a directory with ``write(temporary_dir)`` and move it to ``path`` atomically.
+
+    The replaced checkpoint ends up in the temporary directory and is deleted
+    marker first, so a process killed while deleting it leaves a directory
+    that says "unfinished" rather than a committed one with files missing.
 
     Args:
         path: the final directory; an earlier checkpoint there is replaced.
         write: fills the temporary directory (fsyncing each file).
         allowed: the file names a checkpoint holds (anything else at
             ``path`` is not replaced).
+        marker: the commit marker's file name (written last, deleted first).
 
     Raises:
         CheckpointError: ``path`` holds something other than a checkpoint.
@@ -119,9 +126,18 @@ def publish_directory(path: Path, write: Callable[[Path], None], allowed: Iterab
         fsync_directory(staging)
         _install(staging, path)
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        _discard(staging, marker)
     fsync_directory(parent)
+
+
+def _discard(directory: Path, marker: str) -> None:
+    """Delete ``directory``: its commit marker first (durably), then the rest."""
+    if not directory.exists():
+        return
+    if (directory / marker).exists():
+        (directory / marker).unlink()
+        fsync_directory(directory)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _staging_prefix(path: Path) -> str:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import safetensors
 import torch
 
 from .._core.builtin import version as optiplug_version
@@ -77,8 +78,6 @@ def _origin(optimizer: Any, spec: OptimizerSpec) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import safetensors
-
     return {
         "optiplug": optiplug_version(),
         "torch": str(torch.__version__),
@@ -88,7 +87,7 @@ def _versions() -> dict[str, str]:
 
 
 def _parameters(optimizer: Any) -> list[dict[str, Any]]:
-    records = []
+    records: list[dict[str, Any]] = []
     for group_index, group in enumerate(optimizer.param_groups):
         names = group.get("param_names") or [None] * len(group["params"])
         for name, param in zip(names, group["params"], strict=True):

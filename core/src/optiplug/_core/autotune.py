@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..errors import HyperparameterError
 from . import ranks as _ranks
 from .specs import ImplementationSpec
 
@@ -37,7 +38,9 @@ __all__ = [
     "choose",
     "clear_cache",
     "decisions",
+    "select",
     "synthetic_parameters",
+    "tensor_kinds",
     "time_steps",
 ]
 
@@ -173,6 +176,57 @@ def choose(
         with _lock:
             cache[key] = cached
     return next(impl for impl in ranked if impl.name == cached[0])
+
+
+def select(
+    algorithm: str,
+    candidates: Sequence[ImplementationSpec],
+    impl: str | None,
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+) -> ImplementationSpec | None:
+    """The implementation to run: ``impl`` when forced (checked), else the fastest runnable.
+
+    The one place the rules live, for :func:`optiplug.create` and for
+    optimizer classes built on :mod:`optiplug.base`.
+
+    Args:
+        algorithm: the algorithm's name (errors and the cache key).
+        candidates: every implementation of the algorithm.
+        impl: the implementation the user forced, or None to choose.
+        params: the parameter tensors.
+        hparams: hyperparameters to time with.
+
+    Returns:
+        The chosen record; None when ``impl`` is None and no candidate can
+        run ``params``.
+
+    Raises:
+        HyperparameterError: ``impl`` names no candidate, or one that cannot
+            run ``params``.
+    """
+    if impl is not None:
+        chosen = next((c for c in candidates if c.name == impl), None)
+        if chosen is None:
+            names = ", ".join(sorted(c.name for c in candidates)) or "none registered"
+            raise HyperparameterError(
+                "impl", impl, f"no such implementation; available: {names}", algorithm=algorithm
+            )
+        if not chosen.can_run(params):
+            raise HyperparameterError(
+                "impl",
+                impl,
+                f"does not support these parameters ({tensor_kinds(params)})",
+                algorithm=algorithm,
+            )
+        return chosen
+    runnable = [c for c in candidates if c.can_run(params)]
+    return choose(algorithm, runnable, params, hparams) if runnable else None
+
+
+def tensor_kinds(params: Sequence[torch.Tensor]) -> str:
+    """``"cpu/torch.float32, cuda/torch.bfloat16"``: the device/dtype pairs in ``params``."""
+    return ", ".join(sorted({f"{p.device.type}/{p.dtype}" for p in params}))
 
 
 def _slowest_rank(timings: dict[str, float], device: torch.device) -> dict[str, float]:

@@ -17,6 +17,8 @@ __all__ = ["BUILTIN_PLUGINS", "plugins", "version"]
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("schedules", "optiplug._schedules.plugin"),
     ("rules", "optiplug._auto.rules"),
+    ("commands", "optiplug.cli.plugin"),
+    ("train", "optiplug._train.plugin"),
 )
 """``(plugin name, module)`` of each built-in plugin, in registration order."""
 

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..errors import HyperparameterError
 from ..validators import validate_hyperparameters
 from .binding import bound_registry
 from .params import group_overrides, parameter_tensors
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REGISTRY_ATTRIBUTE",
     "SPEC_ATTRIBUTE",
+    "USES_REGISTRY",
     "OptimizerFactory",
     "create_optimizer",
     "validated_hparams",
@@ -32,6 +32,13 @@ SPEC_ATTRIBUTE = "_optiplug_spec"
 Set by :func:`create_optimizer` on every optimizer it builds, whatever its
 factory, so state validation knows the algorithm (and its state slots) even
 for a plain torch class registered by a third party.
+"""
+
+USES_REGISTRY = "uses-registry"
+"""Capability tag: the algorithm's factory takes ``registry=`` (the creating registry).
+
+Declared by algorithms that build other algorithms (``multi``), so those are
+looked up in the registry that created them; see :func:`create_optimizer`.
 """
 
 REGISTRY_ATTRIBUTE = "_optiplug_registry"
@@ -73,23 +80,7 @@ def _choose(
 ) -> ImplementationSpec | None:
     from . import autotune  # deferred: imports torch
 
-    if impl is not None:
-        chosen = [c for c in candidates if c.name == impl]
-        if not chosen:
-            names = ", ".join(c.name for c in candidates) or "none registered"
-            raise HyperparameterError(
-                "impl", impl, f"no such implementation; available: {names}", algorithm=spec.name
-            )
-        if not chosen[0].can_run(tensors):
-            kinds = ", ".join(sorted({f"{t.device.type}/{t.dtype}" for t in tensors}))
-            raise HyperparameterError(
-                "impl", impl, f"does not support these parameters ({kinds})", algorithm=spec.name
-            )
-        return chosen[0]
-    runnable = [c for c in candidates if c.can_run(tensors)]
-    if not runnable:
-        return None
-    return autotune.choose(spec.name, runnable, tensors, hparams)
+    return autotune.select(spec.name, candidates, impl, tensors, hparams)
 
 
 def create_optimizer(
@@ -100,15 +91,46 @@ def create_optimizer(
     impl: str | None = None,
     provider: str | None = None,
     **hparams: Any,
-) -> Any:
-    """Build algorithm ``name`` over ``params`` (see :func:`optiplug.create`)."""
+) -> torch.optim.Optimizer:
+    """Build algorithm ``name`` over ``params`` (see :func:`optiplug.create`).
+
+    Hyperparameters are merged over ``spec.defaults`` and validated (param
+    groups too), an implementation is chosen (``impl`` when forced, else the
+    fastest that can run ``params``), and its factory (or the spec's, when
+    no implementation can run them) is called with ``params`` and the
+    keywords.
+
+    An algorithm whose :attr:`OptimizerSpec.capabilities` holds
+    :data:`USES_REGISTRY` (``"uses-registry"``) also gets ``registry=``, the
+    registry creating it, so an optimizer built from other algorithms (such
+    as ``multi``) looks them up where it was itself found, not in the
+    default registry. A ``registry`` keyword the user gave wins.
+
+    Args:
+        registry: the registry creating the optimizer.
+        name: the algorithm's name or alias.
+        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        impl: the implementation to force, or None to choose.
+        provider: the plugin or distribution that must provide ``name``.
+        **hparams: the algorithm's hyperparameters.
+
+    Returns:
+        The optimizer, tagged with its spec and registry.
+
+    Raises:
+        UnknownOptimizerError: ``name`` is not registered.
+        HyperparameterError: a bad keyword or value, or an ``impl`` that does
+            not exist or cannot run ``params``.
+    """
     spec = registry.spec(name, provider=provider)
     params = list(params)
     merged = validated_hparams(spec, hparams, params)
+    if USES_REGISTRY in spec.capabilities:
+        merged.setdefault("registry", registry)
     candidates = registry.implementations(spec.name, provider=provider)
     chosen = _choose(spec, candidates, impl, parameter_tensors(params), merged)
     factory = chosen.factory if chosen is not None else spec.factory
-    optimizer = factory(params, **merged)
+    optimizer: torch.optim.Optimizer = factory(params, **merged)
     _tag(optimizer, spec, registry)
     return optimizer
 
@@ -145,7 +167,7 @@ class OptimizerFactory:
     provider: str | None = None
     registry: Registry | None = attrs.field(default=None, eq=False, repr=False, kw_only=True)
 
-    def __call__(self, params: Iterable[Any]) -> Any:
+    def __call__(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         """Create the optimizer over ``params``.
 
         Args:

@@ -34,7 +34,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 class HookSpecs:
-    """The hooks optiplug calls. Each is answered by every plugin."""
+    """The hooks optiplug calls. Each is answered by every plugin.
+
+    pluggy reads only the signatures and docstrings here; the bodies, never
+    called, return the empty answer of a plugin that leaves a hook out.
+    """
 
     @hookspec
     def optiplug_optimizers(self) -> Iterable[OptimizerSpec]:
@@ -45,6 +49,7 @@ class HookSpecs:
             within the plugin. A name another plugin also provides is a
             conflict the user resolves with ``provider=``.
         """
+        return ()
 
     @hookspec
     def optiplug_implementations(self) -> Iterable[ImplementationSpec]:
@@ -55,6 +60,7 @@ class HookSpecs:
             must keep the algorithm's state layout so checkpoints move freely
             between implementations.
         """
+        return ()
 
     @hookspec
     def optiplug_schedules(self) -> Iterable[ScheduleSpec]:
@@ -63,6 +69,7 @@ class HookSpecs:
         Returns:
             Iterable of :class:`optiplug.ScheduleSpec`.
         """
+        return ()
 
     @hookspec
     def optiplug_select_optimizer(self, request: SelectionRequest) -> Iterable[Candidate]:
@@ -76,6 +83,7 @@ class HookSpecs:
             plugins answer; the highest score wins and ties are broken by
             algorithm name, then plugin name (never install order).
         """
+        return ()
 
     @hookspec
     def optiplug_validate_state_dict(
@@ -92,6 +100,7 @@ class HookSpecs:
             Iterable of :class:`optiplug.Problem`; all plugins' problems are
             collected and reported together.
         """
+        return ()
 
     @hookspec
     def optiplug_cli_commands(self) -> Iterable[CommandSpec]:
@@ -101,6 +110,7 @@ class HookSpecs:
             Iterable of :class:`optiplug.CommandSpec`. The core's own commands
             (``list``, ``show``, ``train``...) come through this hook too.
         """
+        return ()
 
 
 HOOK_NAMES = frozenset(name for name in vars(HookSpecs) if name.startswith("optiplug_"))

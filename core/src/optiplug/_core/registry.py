@@ -14,7 +14,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import pluggy
@@ -45,10 +45,15 @@ from .specs import (
     SelectionRequest,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["ENTRY_POINT_GROUP", "PluginWarning", "Registry"]
 
 ENTRY_POINT_GROUP = "optiplug.plugins"
 _Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
+_Named = TypeVar("_Named", OptimizerSpec, ScheduleSpec)
+"""Records looked up by name or alias."""
 
 
 class PluginWarning(UserWarning):
@@ -155,7 +160,8 @@ class Registry:
         Raises:
             PluginError: in strict mode, when the plugin fails or is incompatible.
         """
-        plugin_name = name or getattr(plugin, "__name__", type(plugin).__name__)
+        default_name: str = getattr(plugin, "__name__", type(plugin).__name__)
+        plugin_name = name or default_name
         module = getattr(plugin, "__name__", "")
         info = self._load(plugin_name, lambda: plugin, distribution or "-", version or "-", module)
         self._raise_if_strict([info.name])
@@ -245,7 +251,10 @@ class Registry:
     ) -> list[_Record]:
         found: list[_Record] = []
         for impl in self._hookimpls(name, hook_name):
-            for record in impl.function() or ():
+            # Every registration hook returns an iterable (see HookSpecs); pluggy
+            # types a hookimpl's result as object.
+            returned = cast("Iterable[object] | None", impl.function())
+            for record in returned or ():
                 if not isinstance(record, kind):
                     raise TypeError(
                         f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
@@ -307,7 +316,7 @@ class Registry:
         impl: str | None = None,
         provider: str | None = None,
         **hparams: Any,
-    ) -> Any:
+    ) -> torch.optim.Optimizer:
         """Create optimizer ``name`` over ``params``; see :func:`optiplug.create`."""
         return create_optimizer(self, name, params, impl=impl, provider=provider, **hparams)
 
@@ -424,11 +433,11 @@ class Registry:
 
     def _resolve(
         self,
-        table: Mapping[str, list[_Record]],
+        table: Mapping[str, list[_Named]],
         name: str,
         provider: str | None,
         unknown: type[UnknownOptimizerError],
-    ) -> _Record:
+    ) -> _Named:
         entries = list(table.get(name, ()))
         if not entries:
             entries = [rec for recs in table.values() for rec in recs if name in rec.aliases]

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from .._text import format_table
+
 __all__ = ["ParameterRoute", "Routing"]
 
 
@@ -69,8 +71,6 @@ class Routing:
         return tuple(r.name for r in self.routes if r.algorithm == algorithm)
 
     def __str__(self) -> str:
-        from .._text import format_table
-
         header = ["parameter", "shape", "algorithm", "route", "lr", "wd", "reason"]
         rows = [
             [

@@ -56,6 +56,11 @@ class Selection(OptimizerFactory):
     candidates: tuple[CandidateReport, ...] = ()
     request: SelectionRequest = attrs.field(factory=SelectionRequest)
 
+    # attrs writes pickling methods for each slotted class; keep the factory's,
+    # which leave the registry out and accept pickles made before it existed.
+    __getstate__ = OptimizerFactory.__getstate__
+    __setstate__ = OptimizerFactory.__setstate__
+
     @property
     def optimizer(self) -> str:
         """The chosen algorithm's name."""
@@ -101,6 +106,7 @@ def select(registry: Registry, request: SelectionRequest) -> Selection:
         reason=winner.reason,
         candidates=reports,
         request=request,
+        registry=registry,
     )
 
 

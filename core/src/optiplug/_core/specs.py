@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,6 +29,29 @@ __all__ = [
 ]
 
 PLUGIN_STATUSES = ("active", "disabled", "unavailable", "failed", "incompatible")
+
+
+# Typed converters: attrs' plugin reads a converter's parameter type as the
+# type ``__init__`` accepts, which the generic builtins (``dict``, ``tuple``,
+# ``frozenset``) leave unsolved.
+def _to_dict(value: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    return dict(value)
+
+
+def _to_names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _to_tags(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
+def _to_implementations(value: Iterable[ImplementationSpec]) -> tuple[ImplementationSpec, ...]:
+    return tuple(value)
+
+
+def _to_group(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 def summary_of(description: str, obj: Any) -> str:
@@ -134,7 +157,10 @@ class OptimizerSpec:
         state_slots: per-parameter state layout; None means unknown (generic
             checks only).
         implementations: implementations shipped with the algorithm.
-        capabilities: free-form tags (``"matrices"``, ``"sparse"``...).
+        capabilities: free-form tags (``"matrices"``, ``"sparse"``...). The tag
+            ``"uses-registry"`` makes creation pass ``registry=`` (the
+            creating registry) to ``factory``, for algorithms built from
+            other algorithms.
         example_hparams: keywords that make a working example (the
             conformance checks add them, e.g. the required ``routes`` of
             ``multi``).
@@ -143,14 +169,16 @@ class OptimizerSpec:
 
     name: str
     factory: Callable[..., Any]
-    defaults: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    defaults: dict[str, Any] = attrs.field(factory=dict, converter=_to_dict)
     config: type | None = None
     description: str = ""
-    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_to_names)
     state_slots: tuple[StateSlot, ...] | None = None
-    implementations: tuple[ImplementationSpec, ...] = attrs.field(default=(), converter=tuple)
-    capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    example_hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    implementations: tuple[ImplementationSpec, ...] = attrs.field(
+        default=(), converter=_to_implementations
+    )
+    capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=_to_tags)
+    example_hparams: dict[str, Any] = attrs.field(factory=dict, converter=_to_dict)
     provider: ProviderInfo | None = None
 
     @property
@@ -180,7 +208,7 @@ class ScheduleSpec:
     name: str
     factory: Callable[..., Any]
     description: str = ""
-    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_to_names)
     provider: ProviderInfo | None = None
 
     @property
@@ -251,7 +279,7 @@ class Candidate:
     """
 
     algorithm: str
-    hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
+    hparams: dict[str, Any] = attrs.field(factory=dict, converter=_to_dict)
     score: float = 0.0
     reason: str = ""
     schedule: Any = None
@@ -274,7 +302,7 @@ class Problem:
         found: what was found.
     """
 
-    group: int = attrs.field(default=-1, converter=lambda v: -1 if v is None else v)
+    group: int = attrs.field(default=-1, converter=_to_group)
     parameter: str = ""
     slot: str = ""
     kind: str = ""
@@ -282,7 +310,7 @@ class Problem:
     found: str = ""
 
     def __str__(self) -> str:
-        where = []
+        where: list[str] = []
         if self.group >= 0:
             where.append(f"group {self.group}")
         if self.parameter:

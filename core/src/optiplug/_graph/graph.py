@@ -27,14 +27,22 @@ import os
 import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
+from .. import checkpoint
 from .._api import factory as make_factory
+from .._api import schedule as build_schedule
+from .._checkpoint.format import read_checkpoint
+from .._core import autotune as _autotune
 from .._core import ranks as _ranks
 from .._schedules.base import Schedule
+from ..checkpoint import extra_tensors, load_stored
 from ..errors import CheckpointError, GraphError, HyperparameterError
 
 __all__ = ["DataBinding", "Graph"]
@@ -142,8 +150,6 @@ class Graph:
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if not _ranks.active():
             return module
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=ids)
 
@@ -202,20 +208,16 @@ class Graph:
         """Under DDP, every rank picks the same measured implementation (see _autotune)."""
         if not _ranks.active():
             return contextlib.nullcontext()
-        from .._core import autotune as _autotune
-
         nccl = torch.distributed.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         return _autotune.agreed_across_ranks(device)
 
     def set_scheduler(self, schedule: Schedule | str | Mapping[str, Any] | None) -> None:
         """Attach a schedule (an object, a name, or a dict for ``optiplug.schedule``); None detaches."""
-        from .._api import schedule as build
-
         if isinstance(schedule, str):
-            schedule = build(schedule)
+            schedule = build_schedule(schedule)
         elif isinstance(schedule, Mapping):
-            schedule = build(**schedule)
+            schedule = build_schedule(**schedule)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise HyperparameterError(
                 "schedule",
@@ -302,7 +304,7 @@ class Graph:
         loss = loss / self.accumulate
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def step(self) -> bool:
         """Count one micro-batch; every ``accumulate``-th, take an optimizer step.
@@ -370,9 +372,6 @@ class Graph:
         creating an iterator never draws from the global RNG, and shuffling or
         distributed sharding goes through a ``DistributedSampler``.
         """
-        from torch.utils.data import DataLoader, RandomSampler
-        from torch.utils.data.distributed import DistributedSampler
-
         if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
             return loader
         shuffle = isinstance(loader.sampler, RandomSampler)
@@ -423,7 +422,7 @@ class Graph:
         """
         binding = self._require_binding("epoch")
         sampler = getattr(binding.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(n)
         generator = getattr(binding.loader, "generator", None)
         if isinstance(generator, torch.Generator):
@@ -467,9 +466,11 @@ class Graph:
         and its gradients accumulate locally; the last one syncs them all.
         """
         last = (self._micro_step + 1) % self.accumulate == 0
-        if last or not hasattr(self.model, "no_sync"):
+        no_sync = getattr(self.model, "no_sync", None)
+        if last or no_sync is None:
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        unsynced: contextlib.AbstractContextManager[Any] = no_sync()
+        return unsynced
 
     def targets(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The batch's target fields (neither the primary nor a keyword input), on the device."""
@@ -494,8 +495,6 @@ class Graph:
             GraphError: no optimizer set.
             CheckpointError: ``path`` holds something other than a checkpoint.
         """
-        from .. import checkpoint
-
         optimizer = self._require_optimizer("save")
         if self.rank == 0:
             tensors = {f"model/{k}": v for k, v in self.module.state_dict().items()}
@@ -531,9 +530,6 @@ class Graph:
             CheckpointError: damaged files, or model tensors that do not fit the module.
             StateDictError: optimizer state that does not fit the optimizer.
         """
-        from .._checkpoint.format import read_checkpoint
-        from ..checkpoint import extra_tensors, load_stored
-
         optimizer = self._require_optimizer("load")
         stored = read_checkpoint(Path(path))
         tensors = extra_tensors(stored)
@@ -603,9 +599,7 @@ def _graph_state(extra: Mapping[str, Any], path: Any) -> Mapping[str, Any]:
 
 
 def _schedule_from(saved: Mapping[str, Any] | None) -> Schedule | None:
-    from .._api import schedule
-
-    return schedule(**saved) if saved else None
+    return build_schedule(**saved) if saved else None
 
 
 def _jsonable(value: Any) -> Any:
@@ -616,8 +610,12 @@ def _tupled(value: Any) -> Any:
     return tuple(_tupled(item) for item in value) if isinstance(value, list) else value
 
 
+_LegacyRngState = tuple[str, "np.ndarray[Any, np.dtype[np.uint32]]", int, int, float]
+"""``np.random.get_state()`` of the global MT19937 generator (numpy's stubs also allow a dict)."""
+
+
 def _numpy_rng_state() -> list[Any]:
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    kind, keys, position, has_gauss, cached = cast(_LegacyRngState, np.random.get_state())
     return [kind, keys.tolist(), int(position), int(has_gauss), float(cached)]
 
 
@@ -628,7 +626,8 @@ def _numpy_state_from(saved: list[Any]) -> tuple[Any, ...]:
 
 def _torch_rng_states() -> dict[str, torch.Tensor]:
     states = {"rng/torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # torch leaves cuda.is_initialized unannotated
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         states.update({f"rng/cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     return states
 

@@ -11,7 +11,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -57,18 +57,20 @@ PUBLIC_MODULE = "optiplug.builtin_schedules"
 """Where the built-in schedule classes are public (their ``__module__``)."""
 
 
-def _schedule_class(cls: type[Any]) -> Any:
-    """Make ``cls`` a frozen attrs schedule that reports its public module."""
-    built = attrs.frozen(kw_only=True, repr=False)(cls)
-    if not built.__name__.startswith("_"):
-        built.__module__ = PUBLIC_MODULE
-    return built
+_S = TypeVar("_S", bound=Schedule)
+
+
+def _public(cls: type[_S]) -> type[_S]:
+    """Make the schedule class ``cls`` report its public module."""
+    cls.__module__ = PUBLIC_MODULE
+    return cls
 
 
 _WARMUP_HELP = "linear warm-up steps; step s < W uses (s + 1) / W"
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class ConstantSchedule(Schedule):
     """Constant multiplier 1: the base lr throughout."""
 
@@ -79,7 +81,8 @@ class ConstantSchedule(Schedule):
         return 1.0
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class LinearWarmupSchedule(Schedule):
     """Linear warm-up from start_factor to 1, then constant 1.
 
@@ -106,7 +109,7 @@ class LinearWarmupSchedule(Schedule):
         return {self.warmup_steps: "warm-up done"} if self.warmup_steps else {}
 
 
-@_schedule_class
+@attrs.frozen(kw_only=True, repr=False)
 class _WarmupThenDecay(Schedule):
     """Linear warm-up to 1 over ``warmup_steps``, then a decay reaching ``_final()`` at ``total_steps``.
 
@@ -124,6 +127,8 @@ class _WarmupThenDecay(Schedule):
     def _decay(self, progress: float) -> float:
         raise NotImplementedError
 
+    # ``warmup_steps`` and ``total_steps`` are fields of each subclass (declaring
+    # them here would make them fields of this class too): hence the ignores.
     def value_at(self, step: int) -> float:
         warmup, total = self.warmup_steps, self.total_steps  # type: ignore[attr-defined]
         if step < warmup:
@@ -139,7 +144,8 @@ def _warmup_and_end(warmup_steps: int, total_steps: int) -> dict[int, str]:
     return {**steps, total_steps: "end"}
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class CosineSchedule(_WarmupThenDecay):
     """Linear warm-up, then cosine decay from 1 to min_ratio at total_steps.
 
@@ -167,7 +173,8 @@ class CosineSchedule(_WarmupThenDecay):
         return half_cosine(progress)
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class LinearSchedule(_WarmupThenDecay):
     """Linear warm-up, then linear decay from 1 to min_ratio at total_steps.
 
@@ -195,7 +202,8 @@ class LinearSchedule(_WarmupThenDecay):
         return 1.0 - progress
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class StepSchedule(Schedule):
     """Multiply by gamma every step_size steps (torch's StepLR).
 
@@ -233,7 +241,8 @@ def _strictly_increasing(instance: Any, field: str, values: Any, minimum: int) -
         raise invalid(instance, field, values, "must be strictly increasing")
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class MultiStepSchedule(Schedule):
     """Multiply by gamma at each milestone (torch's MultiStepLR).
 
@@ -262,7 +271,8 @@ class MultiStepSchedule(Schedule):
         return {m: f"decay {i + 1}" for i, m in enumerate(self.milestones)}
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class ExponentialSchedule(Schedule):
     """Multiply by gamma every step (torch's ExponentialLR).
 
@@ -279,7 +289,8 @@ class ExponentialSchedule(Schedule):
         return self.gamma**step
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class PolynomialSchedule(_WarmupThenDecay):
     """Linear warm-up, then polynomial decay from 1 to end_ratio at total_steps.
 
@@ -306,10 +317,12 @@ class PolynomialSchedule(_WarmupThenDecay):
         return self.end_ratio
 
     def _decay(self, progress: float) -> float:
-        return (1.0 - progress) ** self.power
+        decayed: float = (1.0 - progress) ** self.power  # a real power of a number >= 0
+        return decayed
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class InverseSqrtSchedule(Schedule):
     """Linear warm-up, then decay as the inverse square root of the step.
 
@@ -341,7 +354,8 @@ _DECAYS: dict[str, Callable[[float], float]] = {
 }
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class WSDSchedule(Schedule):
     """Warm-up, stable at 1, then decay to min_ratio (warmup-stable-decay).
 
@@ -393,7 +407,8 @@ class WSDSchedule(Schedule):
         return {**steps, decay_start: "decay", decay_start + self.decay_steps: "end"}
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class OneCycleSchedule(Schedule):
     """The one-cycle policy with cosine annealing (torch's OneCycleLR, as a multiplier).
 
@@ -445,7 +460,8 @@ def _schedules(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-@_schedule_class
+@_public
+@attrs.frozen(kw_only=True, repr=False)
 class SequenceSchedule(Schedule):
     """Run schedules one after another, each restarted at its boundary.
 

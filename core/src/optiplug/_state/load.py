@@ -183,7 +183,10 @@ def load_state_dict(
     """
     own = getattr(optimizer, COMPOSITE_LOAD, None)
     if callable(own):
-        return own(state_dict, strict=strict, extra_problems=tuple(extra_problems))
+        skipped: list[Problem] = own(
+            state_dict, strict=strict, extra_problems=tuple(extra_problems)
+        )
+        return skipped
     registry = registry if registry is not None else registry_of(optimizer)
     state_dict = _pre_hooks(optimizer, state_dict)
     spec = spec_of(optimizer, registry)

@@ -8,7 +8,8 @@ from typing import Any
 
 import attrs
 
-from .._auto.selection import AutoOptimizer, Selection
+from .._auto.selection import AutoOptimizer
+from .._core.selection import Selection
 
 __all__ = ["configure_auto", "run_auto", "selection_to_dict"]
 
@@ -24,7 +25,14 @@ def configure_auto(parser: argparse.ArgumentParser) -> None:
 
 
 def selection_to_dict(selection: Selection) -> dict[str, Any]:
-    """A JSON-ready view of a selection and every candidate."""
+    """A JSON-ready view of a selection and every candidate.
+
+    Args:
+        selection: what ``AutoOptimizer`` chose.
+
+    Returns:
+        The choice, its schedule, the reason, the request and every candidate.
+    """
     schedule = selection.schedule
     candidates = []
     for report in selection.candidates:
@@ -56,9 +64,24 @@ def selection_to_dict(selection: Selection) -> dict[str, Any]:
 
 
 def run_auto(args: argparse.Namespace) -> int:
-    """Print the selection for the given task/config/size."""
+    """Print the selection for the given task/config/size.
+
+    Args:
+        args: the parsed arguments (``task``, ``config``, ``params``, ``stage``,
+            ``json``, ``registry``).
+
+    Returns:
+        0.
+
+    Raises:
+        OptiplugError: an unreadable config, or no rule proposed an installed optimizer.
+    """
     selection = AutoOptimizer.for_task(
-        args.task, args.config, num_parameters=args.params, stage=args.stage
+        args.task,
+        args.config,
+        num_parameters=args.params,
+        stage=args.stage,
+        registry=args.registry,
     )
     if args.json:
         print(json.dumps(selection_to_dict(selection), indent=2, default=str))

@@ -12,6 +12,9 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._text import format_table
+from ..errors import CheckpointError
+
 if TYPE_CHECKING:
     from ..checkpoint import CheckpointInfo
 
@@ -30,12 +33,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Verify ``args.path``; print the verdict and contents; return the exit status."""
-    from ..checkpoint import verify
-    from ..errors import CheckpointError
+    """Verify ``args.path`` against ``args.registry``; print the verdict and contents.
+
+    Args:
+        args: the parsed arguments (``path``, ``all``, ``registry``).
+
+    Returns:
+        0 when the checkpoint is intact and its state valid, else 1.
+    """
+    from ..checkpoint import verify  # deferred: imports torch
 
     try:
-        info = verify(args.path)
+        info = verify(args.path, registry=args.registry)
     except CheckpointError as error:
         print(f"{args.path}: INVALID checkpoint\n  {error}")
         return 1
@@ -114,8 +123,6 @@ def _value(value: Any) -> str:
 
 
 def _table(info: CheckpointInfo, rows: int | None) -> str:
-    from .._text import format_table
-
     shown = info.parameters if rows is None else info.parameters[:rows]
     body = [
         [p.index, p.name or "-", p.group, list(p.shape), p.dtype, ", ".join(p.slots) or "-"]

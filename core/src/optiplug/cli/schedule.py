@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
+import inspect
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._api import default_registry
-from .._core.build import build_schedule
+from .._core.registry import Registry
+from .._text import format_table
 
 __all__ = ["configure", "parse_param", "plot_schedule", "run", "table_steps"]
 
@@ -92,8 +94,6 @@ def _key_steps(schedule: Any) -> dict[int, str]:
 
 
 def _table(schedule: Any, steps: Sequence[int]) -> str:
-    from .._text import format_table
-
     values = [schedule(step) for step in steps]
     top = max([1.0, *values])
     notes = _key_steps(schedule)
@@ -119,7 +119,7 @@ def plot_schedule(schedule: Any, steps: int, path: str | Path, *, title: str = "
     Raises:
         ImportError: matplotlib is not installed.
     """
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # deferred: optional dependency
 
     count = min(steps + 1, _PLOT_POINTS)
     xs = sorted({round(i * steps / max(1, count - 1)) for i in range(count)} | {steps})
@@ -147,21 +147,22 @@ def _title(schedule: Any) -> str:
 
 
 def _matplotlib_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the schedule's table and, with ``--plot``, write the image.
 
     Args:
-        args: parsed arguments (``name``, ``steps``, ``param``, ``plot``, ``points``).
+        args: parsed arguments (``name``, ``steps``, ``param``, ``plot``, ``points``,
+            ``registry``).
 
     Returns:
         0 on success; 2 when ``--steps`` is negative or matplotlib is missing.
+
+    Raises:
+        UnknownScheduleError: no such schedule.
+        HyperparameterError: a missing or invalid schedule parameter.
     """
     if args.steps < 0:
         print("optiplug: error: --steps must be >= 0", file=sys.stderr)
@@ -169,11 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and not _matplotlib_available():
         print(f"optiplug: error: {_MATPLOTLIB_MISSING}", file=sys.stderr)
         return 2
-    spec = default_registry().schedule_spec(args.name)
-    kwargs = dict(args.param)
-    if "total_steps" not in kwargs and _accepts(spec.factory, "total_steps"):
-        kwargs["total_steps"] = max(1, args.steps)
-    schedule = build_schedule(spec, kwargs)
+    schedule = _build(args.registry, args.name, dict(args.param), args.steps)
     print(repr(schedule))
     print(_table(schedule, table_steps(schedule, args.steps, args.points)))
     if args.plot:
@@ -181,9 +178,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _accepts(factory: Any, keyword: str) -> bool:
-    import inspect
+def _build(registry: Registry, name: str, kwargs: dict[str, Any], steps: int) -> Any:
+    """Schedule ``name`` of ``registry``; ``total_steps`` defaults to ``steps`` when it takes one."""
+    factory = registry.schedule_spec(name).factory
+    if "total_steps" not in kwargs and _accepts(factory, "total_steps"):
+        kwargs["total_steps"] = max(1, steps)
+    return registry.schedule(name, **kwargs)
 
+
+def _accepts(factory: Any, keyword: str) -> bool:
     try:
         return keyword in inspect.signature(factory).parameters
     except (TypeError, ValueError):

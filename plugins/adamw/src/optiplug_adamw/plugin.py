@@ -1,14 +1,28 @@
-"""Entry-point module of optiplug-adamw: hookimpls only, no torch import."""
+"""Entry-point module of optiplug-adamw: Adam's config with weight_decay=1e-2 (no torch import)."""
 
 from __future__ import annotations
 
-import optiplug
+import attrs
 
-from .config import ADAMW_STATE, AdamWConfig
+import optiplug
+from optiplug.validators import hyperparameter, non_negative
+from optiplug_adam import ADAM_STATE, AdamConfig
+
+__all__ = ["ADAMW_STATE", "AdamWConfig"]
 
 OPTIPLUG_API = 1
 
-_TARGET = "optiplug_adamw.optimizer:AdamW"
+_TARGET = "optiplug_adamw:AdamW"
+
+
+@attrs.frozen
+class AdamWConfig(AdamConfig):
+    """AdamW hyperparameters, as in ``torch.optim.AdamW`` (decoupled weight decay)."""
+
+    weight_decay: float = hyperparameter(1e-2, non_negative, ">= 0 (decoupled: p *= 1 - lr*wd)")
+
+
+ADAMW_STATE = ADAM_STATE
 
 
 @optiplug.hookimpl

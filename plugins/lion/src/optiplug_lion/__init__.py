@@ -17,7 +17,7 @@ __all__ = ["LION_STATE", "Lion", "LionConfig"]
 
 def __getattr__(name: str) -> Any:
     if name == "Lion":
-        from .optimizer import Lion
+        from .optimizer import Lion  # deferred: imports torch
 
         return Lion
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

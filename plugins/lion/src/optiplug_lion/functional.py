@@ -24,15 +24,15 @@ and keep the same state (``m``), so a state dict moves freely between them.
 
 from __future__ import annotations
 
-import sys
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import torch
 from torch import Tensor
+
+from optiplug.base import warn_at_caller
 
 __all__ = [
     "MIN_KERNEL_NUMEL",
@@ -47,7 +47,6 @@ __all__ = [
 MIN_KERNEL_NUMEL = 1 << 15
 """Smaller tensors take the loop: a compiled call costs ~20 us, more than it saves."""
 
-_OWN_PACKAGES = frozenset({"optiplug", "optiplug_lion", "torch"})
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _lock = threading.Lock()
 _kernels: dict[tuple[str, torch.dtype], Callable[..., None] | None] = {}
@@ -127,8 +126,8 @@ def _foreach_same_kind(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], hyper: LionHyper
 ) -> None:
     if hyper.maximize:
-        grads = torch._foreach_neg(grads)
-    updates = torch._foreach_mul(exp_avgs, hyper.beta1)
+        grads = list(torch._foreach_neg(grads))
+    updates = list(torch._foreach_mul(exp_avgs, hyper.beta1))
     torch._foreach_add_(updates, grads, alpha=1 - hyper.beta1)
     torch._foreach_sign_(updates)
     if hyper.weight_decay != 0:
@@ -180,20 +179,12 @@ def _compiled_kernel(device_type: str, dtype: torch.dtype) -> Callable[..., None
 def _warn_fallback(key: tuple[str, torch.dtype], error: BaseException) -> None:
     device_type, dtype = key
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    warnings.warn(
+    warn_at_caller(
         f"lion: the fused kernel could not be compiled for {device_type}/{dtype} "
         f"({type(error).__name__}: {message}); using the foreach implementation instead",
         FusedFallbackWarning,
-        stacklevel=_caller_stacklevel(),
+        packages=("optiplug_lion",),
     )
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside optiplug and torch."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _OWN_PACKAGES:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _disable_kernel(key: tuple[str, torch.dtype], error: BaseException) -> None:
@@ -267,5 +258,7 @@ def lion_fused(
         if not _run_kernel(param, grad, exp_avg, packed[key]):
             leftover.append(index)
     if leftover:
-        rest = ([seq[i] for i in leftover] for seq in (params, grads, exp_avgs))
-        lion_foreach(*rest, hyper)
+        rest_params, rest_grads, rest_avgs = (
+            [seq[i] for i in leftover] for seq in (params, grads, exp_avgs)
+        )
+        lion_foreach(rest_params, rest_grads, rest_avgs, hyper)

@@ -1,13 +1,46 @@
-"""Entry-point module of optiplug-lion: hookimpls only, no torch import."""
+"""Entry-point module of optiplug-lion: hookimpls and records only, no torch import."""
 
 from __future__ import annotations
 
 import optiplug
 
 from .config import LION_STATE, LionConfig
-from .implementations import lion_implementations
 
 OPTIPLUG_API = 1
+
+_TARGET = "optiplug_lion.optimizer:Lion"
+
+IMPLEMENTATIONS: dict[str, tuple[int, str]] = {
+    "fused": (2, "one torch.compile'd kernel per tensor (20 bytes/param); falls back to foreach"),
+    "foreach": (1, "torch._foreach_* ops over all tensors"),
+    "loop": (0, "per-tensor torch ops"),
+}
+"""name -> (priority when not measured, description); the class's tables read it too."""
+
+_SUPPORTS = {
+    "fused": "optiplug_lion.optimizer:fused_supported",
+    "foreach": "optiplug.base:foreach_supported",
+}
+
+
+def lion_implementations() -> tuple[optiplug.ImplementationSpec, ...]:
+    """The ``fused``, ``foreach`` and ``loop`` records of ``lion``.
+
+    Returns:
+        One :class:`optiplug.ImplementationSpec` per implementation; each
+        factory builds :class:`~optiplug_lion.optimizer.Lion` forced to it.
+    """
+    return tuple(
+        optiplug.ImplementationSpec(
+            "lion",
+            name,
+            optiplug.lazy(_TARGET, impl=name),
+            supports=optiplug.lazy(_SUPPORTS[name]) if name in _SUPPORTS else None,
+            priority=priority,
+            description=description,
+        )
+        for name, (priority, description) in IMPLEMENTATIONS.items()
+    )
 
 
 @optiplug.hookimpl
@@ -16,7 +49,7 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
     return [
         optiplug.OptimizerSpec(
             name="lion",
-            factory=optiplug.lazy("optiplug_lion.optimizer:Lion"),
+            factory=optiplug.lazy(_TARGET),
             config=LionConfig,
             description=(
                 "Lion (EvoLved Sign Momentum): p -= lr*sign(beta1*m + (1-beta1)*g), "

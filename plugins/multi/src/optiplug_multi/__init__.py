@@ -17,7 +17,7 @@ __all__ = ["MultiOptimizer", "Route"]
 
 def __getattr__(name: str) -> Any:
     if name == "MultiOptimizer":
-        from .optimizer import MultiOptimizer
+        from .optimizer import MultiOptimizer  # deferred: imports torch
 
         return MultiOptimizer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

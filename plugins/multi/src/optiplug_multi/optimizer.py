@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -53,7 +54,10 @@ class MultiOptimizer(torch.optim.Optimizer):
         params: ``(name, tensor)`` pairs (``model.named_parameters()``) or
             tensors (named ``#i``).
         routes: dicts or :class:`~optiplug_multi.Route` records, first match wins.
-        registry: where the algorithms are looked up (default registry).
+        registry: where the routes' algorithms are looked up: the registry
+            that creates ``multi`` (``Registry.create`` passes itself, as
+            ``multi`` declares the ``"uses-registry"`` capability), else the
+            default registry.
 
     Raises:
         HyperparameterError: a bad route, a parameter no route takes, or bad
@@ -72,7 +76,8 @@ class MultiOptimizer(torch.optim.Optimizer):
         named = _named(params)
         records = routes_from(routes)
         assignments = assign(named, records)
-        registry = registry or optiplug.default_registry()
+        if registry is None:  # built directly, not by a registry ("uses-registry")
+            registry = optiplug.default_registry()
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
         built = _build(named, records, assignments, registry)
         super().__init__([p for _, p in named], {})
@@ -82,7 +87,7 @@ class MultiOptimizer(torch.optim.Optimizer):
 
     # torch's base class assigns these in __init__; ours are views of the sub-optimizers.
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         """The sub-optimizers' param groups (the same dicts), in route order."""
         return [
             group for optimizer in self._optimizers.values() for group in optimizer.param_groups
@@ -93,9 +98,12 @@ class MultiOptimizer(torch.optim.Optimizer):
         """Ignored: torch's constructor sets it; the groups live in the sub-optimizers."""
 
     @property
-    def state(self) -> dict[torch.Tensor, Any]:  # type: ignore[override]
+    def state(self) -> defaultdict[torch.Tensor, Any]:
         """Every sub-optimizer's per-parameter state (a read-only merged view)."""
-        return {p: s for optimizer in self._optimizers.values() for p, s in optimizer.state.items()}
+        merged: defaultdict[torch.Tensor, Any] = defaultdict(dict)
+        for optimizer in self._optimizers.values():
+            merged.update(optimizer.state)
+        return merged
 
     @state.setter
     def state(self, value: Any) -> None:
@@ -273,12 +281,13 @@ def _build(
     assignments: Sequence[Assignment],
     registry: optiplug.Registry,
 ) -> dict[str, torch.optim.Optimizer]:
-    built = {}
+    built: dict[str, torch.optim.Optimizer] = {}
     for index, route in enumerate(routes):
         members = [
             (name, p) for (name, p), a in zip(named, assignments, strict=True) if a.route == index
         ]
         if members:
+            assert route.name is not None  # routes_from names every route
             built[route.name] = registry.create(
                 route.algorithm, members, impl=route.impl, **route.hparams
             )

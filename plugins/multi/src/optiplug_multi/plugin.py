@@ -20,6 +20,7 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
                 "first match wins."
             ),
             example_hparams={"routes": [{"algorithm": "sgd", "match": "*", "lr": 0.05}]},
-            capabilities={"composite"},
+            # "uses-registry": create() passes registry=, so routes resolve where multi did
+            capabilities={"composite", "uses-registry"},
         )
     ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -15,6 +15,14 @@ __all__ = ["Assignment", "Route", "assign", "routes_from"]
 _ROUTE_KEYS = ("algorithm", "match", "params", "name", "impl")
 
 Matcher = str | Callable[[str, Any], bool]
+
+
+def _to_hparams(value: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(value)
+
+
+def _to_params(value: Iterable[Any] | None) -> tuple[Any, ...] | None:
+    return None if value is None else tuple(value)
 
 
 @attrs.frozen
@@ -35,10 +43,8 @@ class Route:
 
     algorithm: str
     match: Matcher = "*"
-    hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
-    params: tuple[Any, ...] | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else tuple(v)
-    )
+    hparams: dict[str, Any] = attrs.field(factory=dict, converter=_to_hparams)
+    params: tuple[Any, ...] | None = attrs.field(default=None, converter=_to_params)
     name: str | None = None
     impl: str | None = None
 
@@ -105,7 +111,8 @@ def routes_from(values: Sequence[Route | Mapping[str, Any]]) -> tuple[Route, ...
         raise HyperparameterError(
             "routes", values, "must be a non-empty list of routes", algorithm="multi"
         )
-    routes, seen = [], set()
+    routes: list[Route] = []
+    seen: set[str] = set()
     for index, value in enumerate(values):
         route = Route.of(value, index)
         name = route.name or _unused(route.algorithm, seen)
@@ -141,11 +148,11 @@ def assign(named: Sequence[tuple[str, Any]], routes: Sequence[Route]) -> list[As
             entry that is not a parameter, or a parameter no route takes.
     """
     explicit = _explicit(named, routes)
-    found = []
+    found: list[Assignment] = []
     for name, param in named:
         if name in explicit:
-            index = explicit[name]
-            found.append(Assignment(name, index, f"listed in route {routes[index].name!r}"))
+            owner = explicit[name]
+            found.append(Assignment(name, owner, f"listed in route {routes[owner].name!r}"))
             continue
         index = next((i for i, r in enumerate(routes) if r.matches(name, param)), None)
         if index is None:

@@ -16,7 +16,7 @@ __all__ = ["DEFAULT_AUX_PATTERNS", "MUON_STATE", "Muon", "MuonConfig", "RoutingW
 
 def __getattr__(name: str) -> Any:
     if name in {"Muon", "RoutingWarning"}:
-        from . import optimizer
+        from . import optimizer  # deferred: imports torch
 
         return getattr(optimizer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

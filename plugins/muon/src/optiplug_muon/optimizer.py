@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import math
-import sys
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim.adam import adam as torch_adam
 
-from optiplug.base import ValidatedLoading, closure_loss, fused_supported, group_overrides
+from optiplug.base import (
+    GROUP_META_KEYS,
+    ValidatedLoading,
+    closure_loss,
+    fused_supported,
+    named_param_groups,
+    parameter_tensors,
+    validated_config,
+    warn_at_caller,
+)
 from optiplug.errors import HyperparameterError
-from optiplug.validators import validate_hyperparameters
 
 from .config import AUX_KEYS, MUON_KEYS, MuonConfig, ns_dtype_name
 from .newton_schulz import (
@@ -27,29 +33,13 @@ from .newton_schulz import (
 )
 from .routing import Decision, ModelInfo, ParameterRoute, Routing, decide, model_info
 
-__all__ = [
-    "Muon",
-    "RoutingWarning",
-    "adjust_lr_factor",
-    "caller_stacklevel",
-    "matrix_shape",
-]
+__all__ = ["Muon", "RoutingWarning", "adjust_lr_factor", "matrix_shape"]
 
 _UNSET: Any = object()
-_OWN_PACKAGES = frozenset({"optiplug", "optiplug_muon", "torch"})
-_GROUP_KEYS = frozenset({"params", "param_names"})
 
 
 class RoutingWarning(UserWarning):
     """Muon could not recognise embeddings and output heads (no names, no model)."""
-
-
-def caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside optiplug and torch."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _OWN_PACKAGES:
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def matrix_shape(param: Tensor) -> tuple[int, int]:
@@ -82,24 +72,6 @@ class _Job:
     grad: Tensor
     buffer: Tensor
     group: dict[str, Any] = attrs.field(eq=False)
-
-
-def _split_input(
-    params: Sequence[Any],
-) -> list[tuple[dict[str, Any], list[tuple[str | None, Tensor]]]]:
-    """``params`` as (overrides, [(name or None, tensor)]) per input group."""
-    groups = params if params and isinstance(params[0], Mapping) else [{"params": params}]
-    split = []
-    for group in groups:
-        inner = group["params"]
-        inner = [inner] if isinstance(inner, Tensor) else list(inner)
-        names = group.get("param_names") or [None] * len(inner)
-        items = [
-            item if isinstance(item, tuple) else (n, item)
-            for n, item in zip(names, inner, strict=True)
-        ]
-        split.append(({k: v for k, v in group.items() if k not in _GROUP_KEYS}, items))
-    return split
 
 
 def _group_dict(
@@ -141,11 +113,13 @@ def _route(
     params: Sequence[Any], config: MuonConfig
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Split ``params`` into Muon and AdamW param groups; (groups, (label, reason) per param)."""
-    model = model_info(config.model)
-    groups, labels, entries = [], [], []
-    for overrides, items in _split_input(params):
-        local = attrs.evolve(config, **overrides) if overrides else config
-        decided = _decided(items, len(entries), local, model)
+    model = model_info(cast("nn.Module | None", config.model))  # checked by MuonConfig
+    groups: list[dict[str, Any]] = []
+    labels: list[tuple[str, str]] = []
+    entries: list[tuple[_Entry, MuonConfig]] = []
+    for group in named_param_groups(params):
+        local = attrs.evolve(config, **group.options) if group.options else config
+        decided = _decided(list(group.params), len(entries), local, model)
         entries += [(e, local) for e in decided]
         for use_muon in (True, False):
             chosen = [e for e in decided if e.decision.use_muon is use_muon]
@@ -153,12 +127,12 @@ def _route(
                 groups.append(_group_dict([(e.name, e.tensor) for e in chosen], use_muon, local))
                 labels += [(e.label, e.decision.reason) for e in chosen]
     if any(e.name is None and e.decision.use_muon and c.use_muon is None for e, c in entries):
-        warnings.warn(
+        warn_at_caller(
             "muon: parameters without names and no model= given, so embeddings and output "
             "heads cannot be recognised: every matrix goes to Muon. Pass "
             "model.named_parameters() or model=model (or use force_aux).",
             RoutingWarning,
-            stacklevel=caller_stacklevel(),
+            packages=("optiplug_muon",),
         )
     return groups, labels
 
@@ -195,10 +169,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: Any = _UNSET, **hparams: Any) -> None:
         if lr is not _UNSET:
             hparams["lr"] = lr
-        config = validate_hyperparameters(self.algorithm, hparams, config=MuonConfig)
         params = list(params)
-        for override in group_overrides(params):
-            validate_hyperparameters(self.algorithm, {**hparams, **override}, config=MuonConfig)
+        config: MuonConfig = validated_config(self.algorithm, MuonConfig, params, hparams)
         groups, self._labels = _route(params, config)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
         defaults = {key: getattr(config, key) for key in MUON_KEYS}
@@ -228,7 +200,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             HyperparameterError: mixed matrices and non-matrices without
                 ``use_muon``, or a non-matrix in a Muon group.
         """
-        tensors = _tensors_of(param_group["params"])
+        if not isinstance(param_group["params"], Tensor):  # read twice: here and by torch
+            param_group["params"] = list(param_group["params"])
+        tensors = parameter_tensors([param_group])
         if param_group.get("use_muon") is None:
             param_group["use_muon"] = _all_matrices(tensors)
         use_muon = param_group["use_muon"]
@@ -243,7 +217,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         )
         for key, value in fill.items():
             param_group.setdefault(key, value)
-        explicit = set(param_group) | _GROUP_KEYS
+        explicit = set(param_group) | GROUP_META_KEYS
         super().add_param_group(param_group)
         for key in set(param_group) - explicit:  # torch filled in the other algorithm's keys
             del param_group[key]
@@ -371,11 +345,6 @@ def _route_row(
     return ParameterRoute(name, shape, algorithm, reason, lr, float(group["weight_decay"]), number)
 
 
-def _tensors_of(params: Any) -> list[Tensor]:
-    items = [params] if isinstance(params, Tensor) else list(params)
-    return [item[1] if isinstance(item, tuple) else item for item in items]
-
-
 def _all_matrices(tensors: Sequence[Tensor]) -> bool:
     kinds = {t.ndim >= 2 for t in tensors}
     if len(kinds) > 1:
@@ -390,7 +359,7 @@ def _all_matrices(tensors: Sequence[Tensor]) -> bool:
 
 
 def _check_grad(param: Tensor) -> None:
-    if param.grad.is_sparse:
+    if param.grad is not None and param.grad.is_sparse:
         raise RuntimeError("Muon does not support sparse gradients")
     if torch.is_complex(param):
         raise RuntimeError("Muon does not support complex parameters")

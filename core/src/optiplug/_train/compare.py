@@ -1,0 +1,144 @@
+"""``--compare``: several optimizers trained on identical data, seed and schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import IO
+
+import attrs
+
+from .._core.registry import Registry
+from ..errors import (
+    HyperparameterError,
+    OptimizerUnavailableError,
+    OptiplugError,
+    UnknownOptimizerError,
+)
+from .config import TrainConfig
+from .data import Corpus, load_corpus
+from .loop import train
+from .report import echo
+from .results import Skipped, TrainResult
+
+__all__ = ["availability", "compare", "installed", "parse_compare", "unavailable"]
+
+
+def parse_compare(text: str) -> list[tuple[str, float | None]]:
+    """Parse ``--compare adamw,lion=3e-4,sgd=0.1`` into ``(name, lr or None)`` pairs.
+
+    Args:
+        text: comma-separated ``NAME`` or ``NAME=LR`` items.
+
+    Returns:
+        The pairs, in order.
+
+    Raises:
+        HyperparameterError: an empty list, a repeated name or an unreadable lr.
+    """
+    entries: list[tuple[str, float | None]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, lr = item.partition("=")
+        try:
+            value = float(lr) if lr else None
+        except ValueError:
+            raise HyperparameterError("compare", item, "expected NAME or NAME=LR") from None
+        entries.append((name.strip(), value))
+    names = [name for name, _ in entries]
+    if not entries or len(set(names)) != len(names):
+        raise HyperparameterError(
+            "compare", text, "expected distinct names separated by commas, e.g. adamw,lion,muon"
+        )
+    return entries
+
+
+def unavailable(name: str, registry: Registry) -> str | None:
+    """Why optimizer ``name`` cannot be used here (``"not installed"``...), or None when it can.
+
+    Args:
+        name: ``"auto"`` or an optimizer name.
+        registry: where it is looked up.
+
+    Returns:
+        The reason, or None.
+    """
+    if name == "auto":
+        return None
+    try:
+        registry.spec(name)
+    except UnknownOptimizerError:
+        return "not installed"
+    except (OptimizerUnavailableError, OptiplugError) as error:
+        return str(error)
+    return None
+
+
+def installed(registry: Registry) -> str:
+    """``"installed: adam, adamw, ..."``: what a skipped optimizer's message suggests."""
+    return f"installed: {', '.join(registry.optimizers())}"
+
+
+def availability(
+    entries: Sequence[tuple[str, float | None]], registry: Registry
+) -> dict[str, str | None]:
+    """Why each optimizer of ``entries`` cannot run (None for those that can).
+
+    Args:
+        entries: ``(name, lr)`` pairs, as :func:`parse_compare` returns them.
+        registry: where they are looked up.
+
+    Returns:
+        ``{name: reason or None}``.
+
+    Raises:
+        OptiplugError: none of them can run.
+    """
+    reasons = {name: unavailable(name, registry) for name, _ in entries}
+    if all(reasons.values()):
+        details = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        raise OptiplugError(f"--compare: no optimizer to run ({details}); {installed(registry)}")
+    return reasons
+
+
+def compare(
+    config: TrainConfig,
+    entries: Sequence[tuple[str, float | None]],
+    registry: Registry,
+    corpus: Corpus | None = None,
+    *,
+    log: Callable[[str], None] | None = echo,
+    stream: IO[str] | None = None,
+    quiet: bool = False,
+) -> list[TrainResult | Skipped]:
+    """Train each optimizer of ``entries`` on identical data, seed and schedule.
+
+    Args:
+        config: the run every optimizer gets (its ``optimizer`` and ``lr`` are replaced).
+        entries: ``(name, lr)``; a None lr keeps ``config.lr`` or the optimizer's default.
+        registry: where the optimizers and the schedule are looked up.
+        corpus: the corpus, if already loaded.
+        log: where log lines go; None drops them.
+        stream: where the progress bars go.
+        quiet: log lines instead of progress bars.
+
+    Returns:
+        A :class:`TrainResult` per trained optimizer, a :class:`Skipped` per missing one.
+
+    Raises:
+        OptiplugError: none of the optimizers is installed.
+    """
+    reasons = availability(entries, registry)
+    corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
+    results: list[TrainResult | Skipped] = []
+    for name, lr in entries:
+        reason = reasons[name]
+        if reason is not None:
+            if log is not None:
+                log(f"{name}: skipped, {reason} ({installed(registry)})")
+            results.append(Skipped(name, reason))
+            continue
+        run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)
+        label = f"{name}: "
+        result = train(run, registry, corpus, log=log, stream=stream, quiet=quiet, label=label)
+        if result is not None:
+            results.append(result)
+    return results

@@ -1,0 +1,228 @@
+"""What defines an ``optiplug train`` run: :class:`TrainConfig`, and the file a saved run leaves.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..errors import HyperparameterError, OptiplugError
+
+__all__ = [
+    "RESUMABLE_FIELDS",
+    "RUN_FILE",
+    "SAVED_DEFAULTS",
+    "TrainConfig",
+    "read_run_file",
+    "run_file_payload",
+]
+
+RUN_FILE = "train.json"
+_RUN_FILE_VERSION = 1
+
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+def _at_least(minimum: int) -> _Validator:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise HyperparameterError(
+                attribute.name, value, f"must be an integer >= {minimum}", algorithm="train"
+            )
+
+    return check
+
+
+def _optional(minimum: int) -> _Validator:
+    check = _at_least(minimum)
+
+    def optional(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional
+
+
+def _check_lr(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+        raise HyperparameterError(attribute.name, value, "must be a number > 0", algorithm="train")
+
+
+def _pairs(pairs: Iterable[Iterable[Any]]) -> tuple[tuple[str, Any], ...]:
+    """``[["decay", "linear"]]`` (as JSON or argparse give it) -> ``(("decay", "linear"),)``."""
+    return tuple((str(key), value) for key, value in pairs)
+
+
+@attrs.frozen
+class TrainConfig:
+    """Everything that defines one ``optiplug train`` run.
+
+    Attributes:
+        steps: optimizer steps in the run (also the schedule's horizon).
+        batch_size: windows per optimizer step, over all processes.
+        block_size: characters of context per window.
+        n_layer: transformer blocks.
+        d_model: embedding width.
+        n_head: attention heads (must divide ``d_model``).
+        optimizer: ``"auto"`` or a registered optimizer name.
+        lr: base learning rate; None keeps the optimizer's (or selection's) own.
+        impl: force an implementation (``"loop"``, ``"fused"``...); None measures.
+        schedule: a registered schedule name.
+        schedule_params: extra schedule parameters as ``(key, value)`` pairs.
+        warmup_steps: warm-up for schedules that take one; None = ``steps // 20``.
+        seed: seeds the weights, the data order and the sample.
+        device: where to train.
+        data: a text file or directory; None = the standard library.
+        max_chars: character budget of the corpus.
+        eval_every: steps between validation points; None = ``steps // 10``.
+        eval_windows: validation windows per point on the curve.
+        sample_chars: characters to generate at the end (0 = none).
+        temperature: sampling temperature (0 = greedy).
+        prompt: the sample's prompt; None = ``"def "`` when the vocabulary has it.
+        save: directory to save to (``checkpoint/`` and ``train.json``), or None.
+        save_every: save every N steps too (besides the end), or None.
+        resume: directory to resume from, or None.
+        stop_at: stop after this step (saving first), keeping the schedule over ``steps``.
+        nproc: processes (torch.distributed, gloo); each gets ``batch_size / nproc``.
+        threads: torch intra-op threads (per process); None keeps torch's default
+            (with ``nproc``: the CPU count divided among the processes).
+    """
+
+    steps: int = attrs.field(default=500, validator=_at_least(1))
+    batch_size: int = attrs.field(default=32, validator=_at_least(1))
+    block_size: int = attrs.field(default=64, validator=_at_least(2))
+    n_layer: int = attrs.field(default=3, validator=_at_least(1))
+    d_model: int = attrs.field(default=96, validator=_at_least(1))
+    n_head: int = attrs.field(default=4, validator=_at_least(1))
+    optimizer: str = "adamw"
+    lr: float | None = attrs.field(default=None, validator=_check_lr)
+    impl: str | None = None
+    schedule: str = "cosine"
+    schedule_params: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_pairs)
+    warmup_steps: int | None = attrs.field(default=None, validator=_optional(0))
+    seed: int = 0
+    device: str = "cpu"
+    data: str | None = None
+    max_chars: int = attrs.field(default=1_500_000, validator=_at_least(1))
+    eval_every: int | None = attrs.field(default=None, validator=_optional(1))
+    eval_windows: int = attrs.field(default=256, validator=_at_least(1))
+    sample_chars: int = attrs.field(default=200, validator=_at_least(0))
+    temperature: float = 0.8
+    prompt: str | None = None
+    save: str | None = None
+    save_every: int | None = attrs.field(default=None, validator=_optional(1))
+    resume: str | None = None
+    stop_at: int | None = attrs.field(default=None, validator=_optional(1))
+    nproc: int = attrs.field(default=1, validator=_at_least(1))
+    threads: int | None = attrs.field(default=None, validator=_optional(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.d_model % self.n_head:
+            raise HyperparameterError(
+                "n_head", self.n_head, f"must divide d_model={self.d_model}", algorithm="train"
+            )
+        if self.batch_size % self.nproc:
+            raise HyperparameterError(
+                "batch_size",
+                self.batch_size,
+                f"must be divisible by nproc={self.nproc} (each process takes batch_size / nproc)",
+                algorithm="train",
+            )
+        if self.nproc > 1 and self.device != "cpu":
+            raise HyperparameterError(
+                "device", self.device, "--nproc runs gloo processes on the CPU", algorithm="train"
+            )
+
+    @property
+    def warmup(self) -> int:
+        """The warm-up steps the schedule gets when it takes ``warmup_steps``."""
+        return self.steps // 20 if self.warmup_steps is None else self.warmup_steps
+
+    @property
+    def eval_interval(self) -> int:
+        """Steps between points of the validation curve."""
+        return self.eval_every or max(1, self.steps // 10)
+
+    @property
+    def last_step(self) -> int:
+        """The step this run stops at: ``stop_at`` when given (and earlier), else ``steps``."""
+        return min(self.steps, self.stop_at or self.steps)
+
+
+RESUMABLE_FIELDS = (
+    "batch_size",
+    "block_size",
+    "n_layer",
+    "d_model",
+    "n_head",
+    "optimizer",
+    "lr",
+    "impl",
+    "schedule",
+    "schedule_params",
+    "warmup_steps",
+    "seed",
+    "data",
+    "max_chars",
+    "nproc",
+)
+"""Options a resumed run takes from ``train.json`` and may not change."""
+
+SAVED_DEFAULTS = ("threads", "save_every")
+"""Options a resumed run takes from ``train.json`` unless given (the thread count
+changes the order of float sums, so keeping it keeps a resumed run bit-identical)."""
+
+
+def run_file_payload(config: TrainConfig, vocab: str, step: int) -> dict[str, Any]:
+    """The content of ``train.json`` for a run saved at ``step``.
+
+    Args:
+        config: the run.
+        vocab: the corpus's characters (a resumed run must read the same).
+        step: the step the checkpoint holds.
+
+    Returns:
+        ``{"format", "step", "steps", "options", "vocab"}``, JSON-ready.
+    """
+    options = {name: getattr(config, name) for name in RESUMABLE_FIELDS + SAVED_DEFAULTS}
+    options["schedule_params"] = [list(pair) for pair in config.schedule_params]
+    return {
+        "format": _RUN_FILE_VERSION,
+        "step": step,
+        "steps": config.steps,
+        "options": options,
+        "vocab": vocab,
+    }
+
+
+def read_run_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``train.json`` a saved run left in ``directory``.
+
+    Args:
+        directory: a directory written by ``optiplug train --save``.
+
+    Returns:
+        ``{"format", "step", "steps", "options", "vocab"}``.
+
+    Raises:
+        OptiplugError: no readable ``train.json`` (not a directory written by ``--save``).
+    """
+    path = Path(directory) / RUN_FILE
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise OptiplugError(
+            f"--resume {str(directory)!r}: not a directory saved by `optiplug train --save` "
+            f"({path.name}: {error})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != _RUN_FILE_VERSION:
+        raise OptiplugError(f"--resume {str(directory)!r}: unknown {RUN_FILE} format")
+    return payload

@@ -1,0 +1,310 @@
+"""The training run: a Graph wired to model, optimizer, schedule and data, then the loop.
+
+Everything is seeded, so two runs with the same options see the same data in
+the same order from the same initial weights. Under ``torch.distributed``
+every process runs :func:`train`; rank 0 logs, evaluates and reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import IO, Any
+
+import attrs
+import torch
+
+from .._core import ranks as _ranks
+from .._core.create import OptimizerFactory
+from .._core.registry import Registry
+from .._graph.graph import Graph
+from ..errors import HyperparameterError, OptiplugError
+from .checkpoints import require_checkpoints, resume_run, save_run
+from .config import TrainConfig
+from .data import Corpus, Windows, load_corpus, spread, unigram_entropy, windows
+from .model import CharTransformer, generate, mean_loss, next_token_loss
+from .optim import make_schedule, resolve_optimizer
+from .report import Progress, echo
+from .results import TrainResult
+
+__all__ = ["build_graph", "check_run", "train"]
+
+_FINAL_WINDOWS = 4096
+_SHOWN_HPARAMS = ("betas", "momentum", "weight_decay", "nesterov")
+
+
+# ------------------------------------------------------------------ setup
+def build_graph(
+    config: TrainConfig, corpus: Corpus, registry: Registry
+) -> tuple[Graph, OptimizerFactory]:
+    """Seed, build the model, and wire it to optimizer, schedule and data in a Graph.
+
+    Under ``torch.distributed`` each process loads ``batch_size / world`` windows
+    per step (the Graph shards the data and wraps the model in DDP).
+
+    Args:
+        config: the run.
+        corpus: its corpus.
+        registry: where the optimizer and schedule are looked up.
+
+    Returns:
+        The Graph and the optimizer factory it was given.
+
+    Raises:
+        UnknownOptimizerError: no such optimizer.
+        HyperparameterError: invalid hyperparameters or schedule parameters.
+    """
+    torch.manual_seed(config.seed)
+    model = CharTransformer(
+        len(corpus.vocab),
+        block_size=config.block_size,
+        n_layer=config.n_layer,
+        d_model=config.d_model,
+        n_head=config.n_head,
+    )
+    graph = Graph(model, device=config.device, seed=config.seed)
+    graph.set_scheduler(make_schedule(config, registry))
+    chosen = resolve_optimizer(config.optimizer, model, registry, lr=config.lr, impl=config.impl)
+    graph.set_optimizer(chosen)
+    per_rank = config.batch_size // _ranks.world_size()
+    dataset = Windows(corpus.train, config.block_size)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank, shuffle=True, drop_last=True)
+    graph.set_data_loader(loader, forward_input="tokens")
+    return graph, chosen
+
+
+def _prompt(config: TrainConfig, corpus: Corpus) -> str:
+    if config.prompt is not None:
+        return config.prompt
+    if all(c in corpus.vocab for c in "def "):
+        return "def "
+    return corpus.decode(corpus.train[:1].tolist())
+
+
+def check_run(config: TrainConfig, corpus: Corpus) -> None:
+    """Refuse, before training, what would fail later: corpus size, prompt, device.
+
+    Args:
+        config: the run.
+        corpus: its corpus.
+
+    Raises:
+        OptiplugError: a corpus too small for one batch of windows and one
+            validation window (naming the sizes), or a device torch cannot use.
+        HyperparameterError: an empty prompt, or one with characters the corpus lacks.
+    """
+    if config.sample_chars and not _prompt(config, corpus):
+        raise HyperparameterError("prompt", "", "must not be empty", algorithm="train")
+    corpus.encode(_prompt(config, corpus))
+    _check_device(config.device)
+    train_windows = len(windows(corpus.train, config.block_size))
+    if train_windows < config.batch_size or len(corpus.val) < config.block_size + 1:
+        raise OptiplugError(
+            f"the corpus is too small: {len(corpus.train):,} training and {len(corpus.val):,} "
+            f"validation characters; --batch-size {config.batch_size} and --block-size "
+            f"{config.block_size} need at least {config.batch_size * config.block_size + 1:,} "
+            f"and {config.block_size + 1:,}"
+        )
+
+
+def _check_device(device: str) -> None:
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise OptiplugError(f"--device {device!r} cannot be used here: {message}") from None
+
+
+def _start(graph: Graph, config: TrainConfig, corpus: Corpus, registry: Registry) -> int:
+    """Check checkpoints can be written, resume if asked; the step training starts from."""
+    if config.save:
+        require_checkpoints(graph, "--save")
+    if config.resume:
+        resume_run(graph, config, corpus, registry)
+    return graph.training_step
+
+
+# ------------------------------------------------------------------ the loop
+@attrs.define
+class _Curves:
+    train: list[tuple[int, float]] = attrs.Factory(list)
+    val: list[tuple[int, float]] = attrs.Factory(list)
+    saved_at: int | None = None
+
+
+class _Evaluator:
+    """The fixed validation windows and the curve's points (rank 0 only)."""
+
+    def __init__(self, graph: Graph, config: TrainConfig, corpus: Corpus, active: bool) -> None:
+        self.graph, self.config, self.active = graph, config, active
+        self.val_rows = windows(corpus.val, config.block_size)
+        self.curve_rows = spread(self.val_rows, config.eval_windows)
+
+    def due(self, step: int) -> bool:
+        return self.active and (
+            step % self.config.eval_interval == 0 or step >= self.config.last_step
+        )
+
+    def point(self, step: int, curves: _Curves, progress: Progress) -> float:
+        loss = mean_loss(self.graph.module, self.curve_rows, self.graph.device)
+        curves.val.append((step, loss))
+        progress.evaluated(step, loss)
+        return loss
+
+
+def _epoch(graph: Graph, n: int) -> Generator[Mapping[str, Any], None, None]:
+    """``graph.epoch(n)`` as a generator: closing it closes the Graph's epoch too."""
+    yield from graph.epoch(n)
+
+
+def _steps(graph: Graph, last_step: int) -> Iterator[torch.Tensor]:
+    """Train until ``last_step``, yielding each step's loss (after the step)."""
+    while graph.training_step < last_step:
+        with contextlib.closing(_epoch(graph, graph.data_position[0])) as batches:
+            for batch in batches:
+                logits = graph.forward_batch(batch)
+                loss = next_token_loss(logits, graph.targets(batch)["targets"])
+                graph.backward(loss)
+                graph.step()
+                yield loss.detach()
+                if graph.training_step >= last_step:
+                    return
+
+
+def _lr(graph: Graph) -> float:
+    if graph.optimizer is None:
+        raise OptiplugError("the Graph has no optimizer")
+    return float(graph.optimizer.param_groups[0]["lr"])
+
+
+def _loop(
+    graph: Graph,
+    config: TrainConfig,
+    corpus: Corpus,
+    evaluator: _Evaluator,
+    progress: Progress,
+) -> _Curves:
+    curves = _Curves()
+    if evaluator.active:
+        evaluator.point(graph.training_step, curves, progress)
+    for loss in _steps(graph, config.last_step):
+        step, value = graph.training_step, float(loss)
+        curves.train.append((step, value))
+        progress.update(step, value, _lr(graph))
+        if evaluator.due(step) and step != curves.val[-1][0]:
+            evaluator.point(step, curves, progress)
+        if config.save and config.save_every and step % config.save_every == 0:
+            save_run(graph, config, corpus)
+            curves.saved_at = step
+    progress.close()
+    return curves
+
+
+# ------------------------------------------------------------------ results
+def _model(graph: Graph) -> CharTransformer:
+    if not isinstance(graph.module, CharTransformer):
+        raise TypeError(f"expected a CharTransformer, the Graph trains {type(graph.module)}")
+    return graph.module
+
+
+def _hyperparameters(graph: Graph) -> dict[str, Any]:
+    if graph.optimizer is None:
+        raise OptiplugError("the Graph has no optimizer")
+    found = {k: v for k, v in graph.optimizer.defaults.items() if k in _SHOWN_HPARAMS}
+    return {"lr": graph.base_lrs[0], **found}
+
+
+def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) -> dict[str, Any]:
+    """Final losses, the baseline and the sample (rank 0)."""
+    val_rows = spread(windows(corpus.val, config.block_size), _FINAL_WINDOWS)
+    train_rows = spread(windows(corpus.train, config.block_size), len(val_rows))
+    prompt = _prompt(config, corpus)
+    ids = generate(
+        _model(graph),
+        corpus.encode(prompt),
+        config.sample_chars,
+        temperature=config.temperature,
+        seed=config.seed,
+    )
+    return {
+        "steps": graph.training_step,
+        "initial_val_loss": curves.val[0][1],
+        "train_loss": mean_loss(graph.module, train_rows, graph.device),
+        "val_loss": mean_loss(graph.module, val_rows, graph.device),
+        "baseline": unigram_entropy(corpus.train, len(corpus.vocab)),
+        "curve": tuple(curves.train),
+        "val_curve": tuple(curves.val),
+        "sample": corpus.decode(ids),
+        "prompt": prompt,
+        "saved": config.save,
+    }
+
+
+def _result(graph: Graph, chosen: OptimizerFactory, measured: dict[str, Any]) -> TrainResult:
+    return TrainResult(
+        optimizer=chosen.name,
+        hyperparameters=_hyperparameters(graph),
+        schedule=repr(graph.schedule),
+        parameters=sum(p.numel() for p in graph.parameters()),
+        reason=getattr(chosen, "reason", ""),
+        **measured,
+    )
+
+
+def train(
+    config: TrainConfig,
+    registry: Registry,
+    corpus: Corpus | None = None,
+    *,
+    log: Callable[[str], None] | None = echo,
+    stream: IO[str] | None = None,
+    quiet: bool = False,
+    label: str = "",
+) -> TrainResult | None:
+    """Train the character LM described by ``config`` and measure it.
+
+    Under ``torch.distributed`` every process calls it; rank 0 logs, evaluates
+    and returns the result, the others return None.
+
+    Args:
+        config: the run.
+        registry: where the optimizer and schedule are looked up.
+        corpus: the corpus, if already loaded (``--compare`` loads it once).
+        log: where log lines go (rank 0); None drops them.
+        stream: where the progress bar goes (default ``sys.stderr``).
+        quiet: no progress bar, log lines instead.
+        label: prefix of the progress line.
+
+    Returns:
+        The :class:`TrainResult` (on rank 0).
+
+    Raises:
+        OptiplugError: an unknown optimizer or schedule, bad hyperparameters, a
+            corpus too small, or a checkpoint that cannot be resumed.
+    """
+    corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
+    check_run(config, corpus)
+    lead = _ranks.rank() == 0
+    graph, chosen = build_graph(config, corpus, registry)
+    start = _start(graph, config, corpus, registry)
+    progress = Progress(
+        config.last_step,
+        start=start,
+        stream=stream,
+        quiet=quiet or not lead,
+        log=log if lead else None,
+        label=label,
+    )
+    began = time.perf_counter()
+    curves = _loop(graph, config, corpus, _Evaluator(graph, config, corpus, lead), progress)
+    seconds = time.perf_counter() - began
+    if config.save and curves.saved_at != graph.training_step:
+        save_run(graph, config, corpus)
+    if not lead:
+        torch.distributed.barrier()
+        return None
+    measured = _finish(graph, config, corpus, curves)
+    if _ranks.active():
+        torch.distributed.barrier()
+    return _result(graph, chosen, {**measured, "start_step": start, "seconds": seconds})

@@ -1,0 +1,89 @@
+"""The run's optimizer and schedule, looked up in the registry the caller hands in.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._auto.selection import AutoOptimizer
+from .._core.create import OptimizerFactory
+from .._core.registry import Registry
+from .config import TrainConfig
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["make_schedule", "resolve_optimizer"]
+
+
+def _accepts(factory: Any, keyword: str) -> bool:
+    try:
+        return keyword in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def make_schedule(config: TrainConfig, registry: Registry) -> Any:
+    """The run's schedule: ``config.schedule`` over ``config.steps`` with its warm-up.
+
+    ``total_steps`` and ``warmup_steps`` are filled in for schedules that take
+    them, unless ``schedule_params`` sets them.
+
+    Args:
+        config: the run.
+        registry: where the schedule is looked up.
+
+    Returns:
+        The schedule (a callable ``step -> lr multiplier``).
+
+    Raises:
+        UnknownScheduleError: no such schedule.
+        HyperparameterError: a missing or invalid schedule parameter.
+    """
+    factory = registry.schedule_spec(config.schedule).factory
+    kwargs = dict(config.schedule_params)
+    if _accepts(factory, "total_steps"):
+        kwargs.setdefault("total_steps", config.steps)
+    if _accepts(factory, "warmup_steps"):
+        kwargs.setdefault("warmup_steps", config.warmup)
+    return registry.schedule(config.schedule, **kwargs)
+
+
+def resolve_optimizer(
+    name: str,
+    model: torch.nn.Module,
+    registry: Registry,
+    *,
+    lr: float | None = None,
+    impl: str | None = None,
+) -> OptimizerFactory:
+    """The optimizer factory for ``name`` (``"auto"`` asks ``AutoOptimizer``).
+
+    Args:
+        name: ``"auto"`` or a registered optimizer name.
+        model: the model (``auto`` counts its parameters).
+        registry: where the optimizer (or the selection rules) are looked up.
+        lr: overrides the learning rate, when given.
+        impl: forces an implementation, when given.
+
+    Returns:
+        An :class:`~optiplug.OptimizerFactory` (a :class:`~optiplug.Selection` for auto).
+
+    Raises:
+        UnknownOptimizerError: ``name`` is not installed.
+        HyperparameterError: ``lr`` is invalid for it.
+    """
+    overrides: dict[str, Any] = {} if lr is None else {"lr": lr}
+    if name != "auto":
+        return registry.factory(name, impl=impl, **overrides)
+    selection = AutoOptimizer.for_model(
+        model, task="causal-lm", stage="pretraining", registry=registry
+    )
+    hparams = {**selection.hparams, **overrides}
+    registry.factory(selection.name, impl=impl, **hparams)  # validate
+    return attrs.evolve(selection, hparams=hparams, impl=impl)

@@ -1,0 +1,218 @@
+"""``optiplug train``'s arguments, and the :class:`~optiplug._train.config.TrainConfig` they give.
+
+Importing this module does not import torch (``optiplug --help`` builds every
+command's arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..cli.schedule import parse_param
+from ..errors import OptiplugError
+from .config import RESUMABLE_FIELDS, TrainConfig, read_run_file
+
+__all__ = ["DEFAULT_PLOT", "config_from_args", "configure"]
+
+DEFAULT_PLOT = "optiplug-compare.png"
+_FIELDS = {
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "block_size": "block_size",
+    "layers": "n_layer",
+    "d_model": "d_model",
+    "heads": "n_head",
+    "optimizer": "optimizer",
+    "lr": "lr",
+    "impl": "impl",
+    "schedule": "schedule",
+    "schedule_param": "schedule_params",
+    "warmup": "warmup_steps",
+    "seed": "seed",
+    "device": "device",
+    "data": "data",
+    "max_chars": "max_chars",
+    "eval_every": "eval_every",
+    "eval_windows": "eval_windows",
+    "sample_chars": "sample_chars",
+    "temperature": "temperature",
+    "prompt": "prompt",
+    "save": "save",
+    "save_every": "save_every",
+    "resume": "resume",
+    "stop_at": "stop_at",
+    "nproc": "nproc",
+    "threads": "threads",
+}
+"""Command-line destination -> :class:`~optiplug._train.config.TrainConfig` field."""
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    run = parser.add_argument_group("optimizer and schedule")
+    run.add_argument(
+        "--optimizer",
+        metavar="NAME",
+        help="'auto' (AutoOptimizer for causal-LM pretraining) or an installed optimizer "
+        "(default: adamw)",
+    )
+    run.add_argument("--lr", type=float, help="base learning rate (default: the optimizer's own)")
+    run.add_argument("--impl", help="force an implementation (loop, foreach, fused...)")
+    run.add_argument("--schedule", metavar="NAME", help="schedule name (default: cosine)")
+    run.add_argument(
+        "--schedule-param",
+        type=parse_param,
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra schedule parameter (repeatable); total_steps and warmup_steps are filled in",
+    )
+    run.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default: steps/20)")
+    run.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: 500)")
+    run.add_argument("--seed", type=int, help="seed of weights, data order and sample (default: 0)")
+    run.add_argument("--device", help="torch device (default: cpu)")
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("data and model")
+    model.add_argument(
+        "--data", metavar="PATH", help="a text file or directory (default: the standard library)"
+    )
+    model.add_argument(
+        "--max-chars",
+        type=int,
+        metavar="N",
+        help="character budget of the corpus (default: 1500000)",
+    )
+    model.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="windows per optimizer step, over all processes (default: 32)",
+    )
+    model.add_argument(
+        "--block-size", type=int, metavar="N", help="characters of context (default: 64)"
+    )
+    model.add_argument("--layers", type=int, metavar="N", help="transformer blocks (default: 3)")
+    model.add_argument("--d-model", type=int, metavar="N", help="embedding width (default: 96)")
+    model.add_argument("--heads", type=int, metavar="N", help="attention heads (default: 4)")
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    output = parser.add_argument_group("evaluation and output")
+    output.add_argument(
+        "--eval-every", type=int, metavar="N", help="validation every N steps (default: steps/10)"
+    )
+    output.add_argument(
+        "--eval-windows",
+        type=int,
+        metavar="N",
+        help="validation windows per curve point (default: 256)",
+    )
+    output.add_argument(
+        "--sample-chars",
+        type=int,
+        metavar="N",
+        help="characters to generate at the end (default: 200)",
+    )
+    output.add_argument(
+        "--temperature", type=float, help="sampling temperature, 0 = greedy (default: 0.8)"
+    )
+    output.add_argument("--prompt", help="the sample's prompt (default: 'def ')")
+    output.add_argument("--quiet", action="store_true", help="log lines, no progress bar")
+    output.add_argument(
+        "--compare",
+        metavar="A,B,C",
+        help="train each optimizer (NAME or NAME=LR) on identical data and plot the losses",
+    )
+    output.add_argument(
+        "--plot", metavar="PATH", help=f"--compare's plot (default: {DEFAULT_PLOT})"
+    )
+
+
+def _add_process_options(parser: argparse.ArgumentParser) -> None:
+    process = parser.add_argument_group("checkpoints and processes")
+    process.add_argument("--save", metavar="DIR", help="save the run to DIR at the end")
+    process.add_argument("--save-every", type=int, metavar="N", help="also save every N steps")
+    process.add_argument("--resume", metavar="DIR", help="resume a run saved with --save")
+    process.add_argument(
+        "--stop-at",
+        type=int,
+        metavar="STEP",
+        help="stop at STEP, keeping the schedule over --steps",
+    )
+    process.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="N processes (torch.distributed, gloo); each takes batch-size/N windows",
+    )
+    process.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads per process (default: torch's own; 1 is often faster on a busy machine)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``train`` command's arguments to ``parser``.
+
+    Args:
+        parser: the ``train`` subcommand's parser.
+    """
+    _add_run_options(parser)
+    _add_model_options(parser)
+    _add_output_options(parser)
+    _add_process_options(parser)
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        field: getattr(args, dest)
+        for dest, field in _FIELDS.items()
+        if getattr(args, dest, None) is not None
+    }
+    if "schedule_params" in given:
+        given["schedule_params"] = tuple(tuple(pair) for pair in given["schedule_params"])
+    return given
+
+
+def _merge_resumed(given: dict[str, Any], directory: str) -> dict[str, Any]:
+    saved = read_run_file(directory)
+    options = dict(saved["options"])
+    options["schedule_params"] = tuple(tuple(pair) for pair in options["schedule_params"])
+    conflicts = [
+        f"{name}={given[name]!r} (saved: {options[name]!r})"
+        for name in RESUMABLE_FIELDS
+        if name in given and given[name] != options[name]
+    ]
+    if conflicts:
+        raise OptiplugError(
+            f"--resume {directory!r}: these options differ from the saved run's and cannot "
+            f"change: {', '.join(conflicts)}"
+        )
+    # a resumed run keeps saving into the directory it resumed from
+    return {"steps": saved["steps"], "save": directory, **options, **given}
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`~optiplug._train.config.TrainConfig` the arguments describe.
+
+    With ``--resume DIR`` the options saved in ``DIR/train.json`` fill in what
+    is not given (and the run saves into ``DIR`` again unless ``--save`` says
+    elsewhere); giving a different value for one that defines the run (model,
+    data, optimizer, schedule, seed, batch, processes) is an error.
+
+    Args:
+        args: the parsed ``train`` arguments.
+
+    Returns:
+        The run's configuration.
+
+    Raises:
+        OptiplugError: a conflicting option on resume, or an invalid value.
+    """
+    given = _given(args)
+    if args.resume:
+        given = _merge_resumed(given, args.resume)
+    return TrainConfig(**given)

@@ -1,0 +1,313 @@
+"""What the user sees: the progress line, the report and comparison tables, the loss plot.
+
+Importing this module does not import torch; matplotlib (the ``plot`` extra)
+is imported only by :func:`plot_losses`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .._text import format_table
+from .config import TrainConfig
+from .results import Skipped, TrainResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from .data import Corpus
+
+__all__ = [
+    "Progress",
+    "compare_table",
+    "echo",
+    "format_hparams",
+    "header",
+    "plot_losses",
+    "report",
+    "smooth",
+]
+
+
+def echo(line: str) -> None:
+    """Print ``line`` to stdout and flush (log lines show up at once in a file or pipe)."""
+    print(line, flush=True)
+
+
+# ------------------------------------------------------------------ progress
+class Progress:
+    """A progress line on a terminal, or a few log lines elsewhere.
+
+    On a TTY (and unless ``quiet``) it redraws one line on ``stream`` with the
+    step, steps/s, loss, validation loss, lr and time left. Otherwise it stays
+    silent between validation points and logs one line at each.
+
+    Args:
+        total: the step the run ends at.
+        start: the step it starts from (after a resume).
+        stream: where the bar goes (default ``sys.stderr``).
+        quiet: never draw the bar.
+        log: where log lines go (default ``print``); None drops them.
+        label: a prefix, e.g. the optimizer's name.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        start: int = 0,
+        stream: IO[str] | None = None,
+        quiet: bool = False,
+        log: Callable[[str], None] | None = echo,
+        label: str = "",
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.bar = not quiet and _is_tty(self.stream)
+        self.total, self.start, self.label = total, start, label
+        self.log = log
+        self.began = time.perf_counter()
+        self.drawn = 0.0
+        self.step = start
+        self.loss = self.val = self.lr = math.nan
+
+    def update(self, step: int, loss: float, lr: float) -> None:
+        """Record a training step; redraw the bar at most ten times a second."""
+        self.step, self.loss, self.lr = step, loss, lr
+        now = time.perf_counter()
+        if self.bar and (now - self.drawn >= 0.1 or step >= self.total):
+            self.drawn = now
+            self.stream.write("\r" + self.line(bar=True))
+            self.stream.flush()
+
+    def evaluated(self, step: int, val: float) -> None:
+        """Record a validation point; off a terminal, log a line."""
+        self.step, self.val = step, val
+        if not self.bar and self.log is not None:
+            self.log(self.line(bar=False))
+
+    def close(self) -> None:
+        """End the bar's line."""
+        if self.bar:
+            self.stream.write("\r" + self.line(bar=True) + "\n")
+            self.stream.flush()
+
+    def rate(self) -> float:
+        """Steps per second since the start."""
+        elapsed = time.perf_counter() - self.began
+        return (self.step - self.start) / elapsed if elapsed > 0 else 0.0
+
+    def line(self, *, bar: bool) -> str:
+        """The progress text: step, bar (on a TTY), speed, losses, lr, time left."""
+        width = len(str(self.total))
+        parts = [f"{self.label}step {self.step:>{width}}/{self.total}"]
+        if bar:
+            done = self.step / max(1, self.total)
+            parts.append(f"[{'#' * round(20 * done):.<20}] {100 * done:3.0f}%")
+        rate = self.rate()
+        parts.append(f"{rate:5.1f} steps/s")
+        for name, value, shown in (("loss", self.loss, ".3f"), ("val", self.val, ".3f")):
+            if not math.isnan(value):
+                parts.append(f"{name} {value:{shown}}")
+        if not math.isnan(self.lr):
+            parts.append(f"lr {self.lr:.2e}")
+        if bar and rate > 0:
+            parts.append(f"eta {_duration((self.total - self.step) / rate)}")
+        return "  ".join(parts)
+
+
+def _is_tty(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed
+        return False
+
+
+def _duration(seconds: float) -> str:
+    whole = max(0, round(seconds))
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
+# ------------------------------------------------------------------ tables
+def format_hparams(hparams: dict[str, Any]) -> str:
+    """``lr=0.001, betas=(0.9, 0.95)``: floats in ``%g``, the rest as ``repr``."""
+    return ", ".join(
+        f"{key}={value:g}" if isinstance(value, float) else f"{key}={value!r}"
+        for key, value in hparams.items()
+    )
+
+
+def header(config: TrainConfig, corpus: Corpus) -> str:
+    """The lines printed before training: corpus, model and batch.
+
+    Args:
+        config: the run.
+        corpus: its corpus.
+
+    Returns:
+        Four lines of text.
+    """
+    total = len(corpus.train) + len(corpus.val)
+    processes = f", {config.nproc} processes" if config.nproc > 1 else ""
+    return "\n".join(
+        [
+            f"corpus: {corpus.description}: {corpus.files} files, {total:,} characters, "
+            f"vocabulary {len(corpus.vocab)}",
+            f"        train {len(corpus.train):,} / validation {len(corpus.val):,} "
+            f"characters (the last 10%)",
+            f"model:  {config.n_layer}-layer character transformer, d_model {config.d_model}, "
+            f"{config.n_head} heads, context {config.block_size}",
+            f"batch:  {config.batch_size} windows x {config.block_size} characters per step"
+            f"{processes}",
+        ]
+    )
+
+
+def report(result: TrainResult, config: TrainConfig) -> str:
+    """The report of one run: optimizer, schedule, speed, the loss table, the sample.
+
+    Args:
+        result: what the run measured.
+        config: the run.
+
+    Returns:
+        Lines of text.
+    """
+    rate = (result.steps - result.start_step) / result.seconds if result.seconds else 0.0
+    resumed = f" (resumed at step {result.start_step})" if result.start_step else ""
+    lines = [
+        f"optimizer: {result.optimizer} ({format_hparams(result.hyperparameters)})",
+        *([f"           chosen because: {result.reason}"] if result.reason else []),
+        f"schedule:  {result.schedule}",
+        f"trained {result.parameters:,} parameters to step {result.steps}{resumed} in "
+        f"{result.seconds:.1f} s ({rate:.1f} steps/s)",
+        "",
+        _loss_table(result),
+    ]
+    if result.saved:
+        lines += ["", f"saved to {result.saved}"]
+    if result.sample:
+        lines += [
+            "",
+            f"sample ({config.sample_chars} characters, temperature {config.temperature:g}, "
+            f"seed {config.seed}):",
+            result.prompt + result.sample,
+        ]
+    return "\n".join(lines)
+
+
+def _loss_table(result: TrainResult) -> str:
+    rows = [
+        ["train", f"{result.train_loss:.4f}", ""],
+        [
+            "validation",
+            f"{result.val_loss:.4f}",
+            f"step {result.start_step}: {result.initial_val_loss:.4f}",
+        ],
+        ["unigram baseline", f"{result.baseline:.4f}", "entropy of the training characters"],
+    ]
+    return format_table(["loss", "nats/char", "note"], rows)
+
+
+def compare_table(results: Sequence[TrainResult | Skipped]) -> str:
+    """One row per optimizer of a ``--compare``: lr, losses and time, or why it was skipped.
+
+    Args:
+        results: the runs, in order.
+
+    Returns:
+        The table, as text.
+    """
+    rows = []
+    for result in results:
+        if isinstance(result, Skipped):
+            rows.append([result.name, "-", "-", "-", "-", f"skipped: {result.reason}"])
+            continue
+        rows.append(
+            [
+                result.optimizer,
+                f"{result.hyperparameters['lr']:g}",
+                f"{result.train_loss:.4f}",
+                f"{result.val_loss:.4f}",
+                f"{result.seconds:.1f}",
+                "",
+            ]
+        )
+    header_row = ["optimizer", "lr", "train loss", "val loss", "seconds", "note"]
+    return format_table(header_row, rows)
+
+
+# ------------------------------------------------------------------ plot
+def smooth(values: Sequence[float], weight: float = 0.9) -> list[float]:
+    """Exponential moving average with bias correction (as TensorBoard draws it).
+
+    Args:
+        values: the series.
+        weight: the weight of the running average.
+
+    Returns:
+        The smoothed series, as long as ``values``.
+    """
+    out, average = [], 0.0
+    for i, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**i))
+    return out
+
+
+def plot_losses(
+    results: Sequence[TrainResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Plot each run's training loss (smoothed) and validation points, and the baseline.
+
+    Args:
+        results: the runs (the first one's baseline is drawn).
+        path: the image file; its suffix picks the format.
+        title: the figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    from matplotlib.figure import Figure  # deferred: optional dependency
+
+    figure = Figure(figsize=(7.5, 4.2), layout="constrained")
+    axes = figure.subplots()
+    for index, result in enumerate(results):
+        _plot_run(axes, result, f"C{index}")
+    if results:
+        baseline = results[0].baseline
+        axes.axhline(
+            baseline, color="0.4", linestyle=":", label=f"unigram baseline ({baseline:.2f})"
+        )
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("loss (nats per character)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, ncols=2)
+    axes.set_title(title, fontsize=9)
+    figure.savefig(path, dpi=110)
+    return Path(path)
+
+
+def _plot_run(axes: Axes, result: TrainResult, color: str) -> None:
+    """Draw one run on matplotlib ``axes``: smoothed training loss, validation points."""
+    steps, losses = zip(*result.curve, strict=True) if result.curve else ((), ())
+    axes.plot(steps, smooth(losses), color=color, linewidth=1.4, label=f"{result.optimizer} train")
+    val_steps, val_losses = zip(*result.val_curve, strict=True)
+    axes.plot(
+        val_steps,
+        val_losses,
+        "o--",
+        color=color,
+        markersize=3.5,
+        linewidth=1,
+        label=f"{result.optimizer} val",
+    )

@@ -1,0 +1,230 @@
+"""``optiplug list`` and ``optiplug show NAME``: what is installed, and one record in detail."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import attrs
+
+from .._core.registry import Registry
+from .._core.specs import OptimizerSpec, ProviderInfo, ScheduleSpec
+from .._text import format_table
+from ..errors import UnknownOptimizerError
+
+__all__ = [
+    "Listing",
+    "configure_list",
+    "configure_show",
+    "listing",
+    "run_list",
+    "run_show",
+    "show_optimizer",
+    "show_schedule",
+]
+
+Listing = dict[str, list[dict[str, Any]]]
+"""``{"optimizers", "schedules", "rules", "plugins"}``: lists of JSON-ready records."""
+
+_LIST_HEADER = ["kind", "name", "implementations", "plugin", "distribution", "version", "status"]
+
+
+# ------------------------------------------------------------------ list
+def configure_list(parser: argparse.ArgumentParser) -> None:
+    """Add the ``list`` command's arguments to ``parser``."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Print every optimizer, schedule, rule and plugin problem of ``args.registry``.
+
+    Args:
+        args: the parsed arguments (``json``, ``registry``).
+
+    Returns:
+        0.
+    """
+    found = listing(args.registry)
+    if args.json:
+        print(json.dumps(found, indent=2, default=str))
+        return 0
+    print(format_table(_LIST_HEADER, _list_rows(found)))
+    for plugin in (p for p in found["plugins"] if p["status"] != "active"):
+        origin = f"{plugin['distribution']} {plugin['version']}"
+        print(f"\n{plugin['status']}: plugin {plugin['name']} ({origin}): {plugin['error']}")
+    return 0
+
+
+def listing(registry: Registry) -> Listing:
+    """Everything ``registry`` provides, as JSON-ready records.
+
+    Args:
+        registry: the registry to describe (its plugins are discovered first).
+
+    Returns:
+        The optimizers, schedules, selection rules and plugins.
+    """
+    plugins = [attrs.asdict(info) for info in registry.plugins()]
+    return {
+        "optimizers": [_optimizer_record(registry, spec) for spec in registry.optimizer_specs()],
+        "schedules": [_schedule_record(spec) for spec in registry.schedule_specs()],
+        "rules": [_rule_record(p) for p in plugins if f"rule:{p['name']}" in p["provides"]],
+        "plugins": plugins,
+    }
+
+
+def _optimizer_record(registry: Registry, spec: OptimizerSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "aliases": list(spec.aliases),
+        "implementations": _implementation_names(registry, spec),
+        **_provider_fields(spec),
+        "summary": spec.summary,
+    }
+
+
+def _schedule_record(spec: ScheduleSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "aliases": list(spec.aliases),
+        **_provider_fields(spec),
+        "summary": spec.summary,
+    }
+
+
+def _rule_record(plugin: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": plugin["name"],
+        "plugin": plugin["name"],
+        "distribution": plugin["distribution"],
+        "version": plugin["version"],
+    }
+
+
+def _provider(spec: OptimizerSpec | ScheduleSpec) -> ProviderInfo:
+    if spec.provider is None:
+        raise AssertionError(f"registry record {spec.name!r} lacks its provider")
+    return spec.provider
+
+
+def _provider_fields(spec: OptimizerSpec | ScheduleSpec) -> dict[str, str]:
+    info = _provider(spec)
+    return {"plugin": info.plugin, "distribution": info.distribution, "version": info.version}
+
+
+def _implementation_names(registry: Registry, spec: OptimizerSpec) -> list[str]:
+    provider = _provider(spec).plugin
+    return [i.name for i in registry.implementations(spec.name, provider=provider)]
+
+
+def _list_rows(found: Listing) -> list[list[str]]:
+    rows = []
+    for kind, key in (("optimizer", "optimizers"), ("schedule", "schedules"), ("rule", "rules")):
+        for item in found[key]:
+            impls = ",".join(item.get("implementations", ())) or "-"
+            origin = [item["plugin"], item["distribution"], item["version"]]
+            rows.append([kind, item["name"], impls, *origin, "active"])
+    for plugin in found["plugins"]:
+        if plugin["status"] != "active":
+            origin = [plugin["name"], plugin["distribution"], plugin["version"]]
+            rows.append(["plugin", plugin["name"], "-", *origin, plugin["status"]])
+    return rows
+
+
+# ------------------------------------------------------------------ show
+def configure_show(parser: argparse.ArgumentParser) -> None:
+    """Add the ``show`` command's arguments to ``parser``."""
+    parser.add_argument("name", help="an optimizer or schedule name")
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Describe optimizer (or else schedule) ``args.name`` of ``args.registry``.
+
+    Args:
+        args: the parsed arguments (``name``, ``registry``).
+
+    Returns:
+        0.
+
+    Raises:
+        UnknownOptimizerError: no optimizer and no schedule has that name
+            (the optimizer lookup's error, with its suggestions).
+    """
+    registry: Registry = args.registry
+    try:
+        print(show_optimizer(registry, registry.spec(args.name)))
+    except UnknownOptimizerError as optimizer_error:
+        try:
+            print(show_schedule(registry.schedule_spec(args.name)))
+        except UnknownOptimizerError:
+            raise optimizer_error from None
+    return 0
+
+
+def show_optimizer(registry: Registry, spec: OptimizerSpec) -> str:
+    """An optimizer's summary, provider, implementations, hyperparameters and state slots.
+
+    Args:
+        registry: where its implementations are registered.
+        spec: the optimizer.
+
+    Returns:
+        The description, as lines of text.
+    """
+    lines = [f"{spec.name} - {spec.summary}", f"provider: {spec.provider}"]
+    if spec.aliases:
+        lines.append(f"aliases: {', '.join(spec.aliases)}")
+    lines.append(f"implementations: {', '.join(_implementation_names(registry, spec)) or '-'}")
+    rows = [[h.name, repr(h.default), h.constraint or "-"] for h in spec.hyperparameters]
+    lines += [
+        "",
+        "hyperparameters:",
+        _indent(format_table(["name", "default", "constraint"], rows)),
+    ]
+    lines += ["", "state slots:", _state_slots(spec)]
+    if spec.description and spec.description.strip() != spec.summary:
+        lines += ["", spec.description.strip()]
+    return "\n".join(lines)
+
+
+def _state_slots(spec: OptimizerSpec) -> str:
+    if spec.state_slots is None:
+        return "  (not declared: generic checks only)"
+    rows = [
+        [
+            s.name,
+            s.shape,
+            s.dtype,
+            s.when or "always",
+            ", ".join(s.constraints) or "-",
+            s.description,
+        ]
+        for s in spec.state_slots
+    ]
+    header = ["slot", "shape", "dtype", "present when", "constraints", "description"]
+    return _indent(format_table(header, rows))
+
+
+def show_schedule(spec: ScheduleSpec) -> str:
+    """A schedule's summary, provider, aliases and its own description.
+
+    Args:
+        spec: the schedule.
+
+    Returns:
+        The description, as lines of text.
+    """
+    lines = [f"{spec.name} - {spec.summary}", f"provider: {spec.provider}"]
+    if spec.aliases:
+        lines.append(f"aliases: {', '.join(spec.aliases)}")
+    describe = getattr(spec.factory, "describe", None)
+    if callable(describe):
+        lines += ["", describe()]
+    elif spec.description and spec.description.strip() != spec.summary:
+        lines += ["", spec.description.strip()]
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
