@@ -46,8 +46,7 @@ from ._checkpoint.format import (
 )
 from ._checkpoint.io import publish_directory, write_atomic_file, write_durable
 from ._checkpoint.state import snapshot, state_dict_from, stored_target, unshared
-from ._core.binding import bound_registry
-from ._core.registry import Registry
+from ._core.registry import Registry, bound_registry
 from ._core.specs import OptimizerSpec, Problem, ProviderInfo
 from ._state.check import check
 from ._state.load import load_state_dict, registry_of, spec_of

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from ._core.binding import bound_registry
-from ._core.registry import Registry
+from ._core.registry import Registry, bound_registry
 from .errors import HyperparameterError
 
 __all__ = [

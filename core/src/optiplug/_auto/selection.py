@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._core.binding import bound_registry
-from .._core.registry import Registry
+from .._core.registry import Registry, bound_registry
 from .._core.selection import Selection
 from .._core.specs import SelectionRequest
 from ..errors import ModelConfigError
@@ -180,7 +179,8 @@ class AutoOptimizer:
         Returns:
             A new :class:`Selection`.
         """
-        registry = bound_registry(selection.registry)
+        carried = selection.registry
+        registry = bound_registry(carried if isinstance(carried, Registry) else None)
         if isinstance(schedule, str):
             schedule = registry.schedule(schedule)
         elif isinstance(schedule, Mapping):

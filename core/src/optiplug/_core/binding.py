@@ -10,36 +10,28 @@ and no other module names the default registry.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .registry import Registry
+from .protocols import OptimizerCreator
 
-__all__ = ["bound_registry", "provide_default_registry"]
+__all__ = ["provide_default_registry", "provided_default"]
 
-_default_provider: list[Callable[[], Registry]] = []
+_default_provider: list[Callable[[], OptimizerCreator]] = []
 
 
-def provide_default_registry(provider: Callable[[], Registry]) -> None:
+def provide_default_registry(provider: Callable[[], OptimizerCreator]) -> None:
     """Install the function that returns the process-wide default registry (the facade's)."""
     _default_provider[:] = [provider]
 
 
-def bound_registry(registry: Registry | None) -> Registry:
-    """Return ``registry``, or the default registry when it is None.
-
-    Args:
-        registry: the registry an object carries, or None.
+def provided_default() -> OptimizerCreator:
+    """The default registry the facade provides.
 
     Returns:
-        A registry.
+        The registry.
 
     Raises:
-        RuntimeError: None was given and no default registry was provided
-            (``optiplug`` was not imported).
+        RuntimeError: no default was provided (``optiplug`` was not imported).
     """
-    if registry is not None:
-        return registry
     if not _default_provider:
         raise RuntimeError("no default optiplug registry: import optiplug first")
     return _default_provider[0]()

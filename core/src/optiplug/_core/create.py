@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..validators import validate_hyperparameters
-from .binding import bound_registry
+from .binding import provided_default
 from .params import group_overrides, parameter_tensors
+from .protocols import OptimizerCreator
 from .specs import ImplementationSpec, OptimizerSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from .registry import Registry
+    from .protocols import AlgorithmLookup
 
 __all__ = [
     "REGISTRY_ATTRIBUTE",
@@ -84,7 +85,7 @@ def _choose(
 
 
 def create_optimizer(
-    registry: Registry,
+    registry: AlgorithmLookup,
     name: str,
     params: Iterable[Any],
     *,
@@ -135,7 +136,7 @@ def create_optimizer(
     return optimizer
 
 
-def _tag(optimizer: Any, spec: OptimizerSpec, registry: Registry) -> None:
+def _tag(optimizer: Any, spec: OptimizerSpec, registry: AlgorithmLookup) -> None:
     """Record the spec and registry on ``optimizer`` (skipped if it refuses attributes)."""
     try:
         setattr(optimizer, SPEC_ATTRIBUTE, spec)
@@ -165,7 +166,9 @@ class OptimizerFactory:
     hparams: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     impl: str | None = None
     provider: str | None = None
-    registry: Registry | None = attrs.field(default=None, eq=False, repr=False, kw_only=True)
+    registry: OptimizerCreator | None = attrs.field(
+        default=None, eq=False, repr=False, kw_only=True
+    )
 
     def __call__(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         """Create the optimizer over ``params``.
@@ -176,7 +179,7 @@ class OptimizerFactory:
         Returns:
             A ``torch.optim.Optimizer``.
         """
-        registry = bound_registry(self.registry)
+        registry = self.registry if self.registry is not None else provided_default()
         return registry.create(
             self.name, params, impl=self.impl, provider=self.provider, **self.hparams
         )

@@ -29,6 +29,7 @@ from ..errors import (
     closest_name,
 )
 from . import builtin as _builtin
+from .binding import provided_default
 from .build import build_schedule
 from .create import OptimizerFactory, create_optimizer, validated_hparams
 from .hooks import HOOK_NAMES, PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
@@ -48,7 +49,7 @@ from .specs import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginWarning", "Registry"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginWarning", "Registry", "bound_registry"]
 
 ENTRY_POINT_GROUP = "optiplug.plugins"
 _Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
@@ -547,6 +548,26 @@ class Registry:
             else:
                 problems.extend(result or ())
         return problems
+
+
+def bound_registry(registry: Registry | None) -> Registry:
+    """Return ``registry``, or the default registry the facade provides when it is None.
+
+    Args:
+        registry: the registry an object carries, or None.
+
+    Returns:
+        A :class:`Registry`.
+
+    Raises:
+        RuntimeError: None was given and ``optiplug`` was not imported.
+    """
+    if registry is not None:
+        return registry
+    default = provided_default()
+    if not isinstance(default, Registry):
+        raise TypeError(f"the default registry is a {type(default).__name__}, not a Registry")
+    return default
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

@@ -20,7 +20,7 @@ from .create import OptimizerFactory
 from .specs import Candidate, SelectionRequest
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from .protocols import CandidateSource
 
 __all__ = ["CandidateReport", "Selection", "explain_selection", "select"]
 
@@ -76,7 +76,7 @@ def _rank_key(candidate: Candidate) -> tuple[float, str, str, str]:
     return (-float(candidate.score), candidate.algorithm, plugin, candidate.rule)
 
 
-def select(registry: Registry, request: SelectionRequest) -> Selection:
+def select(registry: CandidateSource, request: SelectionRequest) -> Selection:
     """Collect every rule's candidates for ``request`` and pick the winner.
 
     Args:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from .fields import invalid, is_int, is_real
+from .groups import initial_lrs, set_lr
 
 if TYPE_CHECKING:
     import torch
@@ -188,21 +189,3 @@ class Schedule:
         from .torch_adapter import ScheduleLR  # deferred: imports torch
 
         return ScheduleLR(optimizer, self, last_epoch=last_epoch)
-
-
-def initial_lrs(groups: Sequence[dict[str, Any]]) -> list[Any]:
-    """Each group's ``initial_lr``, set from its current lr when missing (torch's convention)."""
-    for group in groups:
-        if "initial_lr" not in group:
-            lr = group["lr"]
-            group["initial_lr"] = lr.clone() if hasattr(lr, "clone") else lr
-    return [group["initial_lr"] for group in groups]
-
-
-def set_lr(group: dict[str, Any], value: float) -> None:
-    """Set a group's lr in place (a tensor lr keeps its identity)."""
-    lr = group["lr"]
-    if hasattr(lr, "fill_"):  # a tensor lr: a compiled step keeps reading the same tensor
-        lr.fill_(value)
-    else:
-        group["lr"] = value

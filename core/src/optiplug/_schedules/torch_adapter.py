@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler
 
-from .base import Schedule, initial_lrs, set_lr
+from .groups import initial_lrs, set_lr
 
 __all__ = ["ScheduleLR"]
 
@@ -20,7 +21,9 @@ class ScheduleLR(LRScheduler):
     restored step's lrs to the optimizer, so load order does not matter.
     """
 
-    def __init__(self, optimizer: Any, schedule: Schedule, last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer: Any, schedule: Callable[[int], float], last_epoch: int = -1
+    ) -> None:
         if not callable(schedule):
             raise TypeError(f"schedule must be callable, got {type(schedule).__name__}")
         self.schedule = schedule

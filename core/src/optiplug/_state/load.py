@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from .._core.binding import bound_registry
 from .._core.create import REGISTRY_ATTRIBUTE, SPEC_ATTRIBUTE
 from .._core.params import GROUP_META_KEYS
-from .._core.registry import Registry
+from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
 from .check import Report, Target, TargetGroup, check, kept_keys

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.multiprocessing.spawn import ProcessException, spawn
 
-from .._core.binding import bound_registry
+from .._core.registry import bound_registry
 from ..errors import OptiplugError
 from .config import TrainConfig
 from .data import load_corpus

@@ -13,8 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .._core.binding import bound_registry
-from .._core.registry import Registry
+from .._core.registry import Registry, bound_registry
 from ..errors import OptiplugError
 
 __all__ = ["build_parser", "main"]
