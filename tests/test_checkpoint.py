@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as to_safetensors
 from state_helpers import ALGORITHMS, IMPLEMENTATIONS, Named, clone_named, named_params, train
 
 import optiplug
@@ -27,6 +29,7 @@ from optiplug import checkpoint, cli
 from optiplug.errors import CheckpointError, StateDictError
 
 TENSORS, METADATA, MARKER = "tensors.safetensors", "metadata.json", "COMMITTED"
+FORMAT = "optiplug-checkpoint"
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
@@ -455,11 +458,19 @@ def test_check_reports_a_damaged_checkpoint(saved, capsys, damage, message) -> N
     assert f"{path}: INVALID checkpoint" in out and message in out
 
 
+def _negative_exp_avg_sq(path: Path) -> None:
+    """Rewrite parameter 0's exp_avg_sq as -1 (save refuses such state; an old writer might not)."""
+    tensors = safetensors_load((path / TENSORS).read_bytes())
+    tensors["state.0.exp_avg_sq"] = torch.full_like(tensors["state.0.exp_avg_sq"], -1.0)
+    owner = json.loads((path / MARKER).read_text())["checkpoint_id"]
+    forge(
+        path, tensors=to_safetensors(tensors, metadata={"format": FORMAT, "checkpoint_id": owner})
+    )
+
+
 def test_check_reports_invalid_state_in_an_intact_checkpoint(tmp_path: Path, capsys) -> None:
-    optimizer = fresh_adam()
-    param = optimizer.param_groups[0]["params"][0]
-    optimizer.state[param]["exp_avg_sq"].fill_(-1.0)
-    checkpoint.save(tmp_path / "ckpt", optimizer)
+    checkpoint.save(tmp_path / "ckpt", fresh_adam())
+    _negative_exp_avg_sq(tmp_path / "ckpt")
     assert cli.main(["check", str(tmp_path / "ckpt")]) == 1
     out = capsys.readouterr().out
     assert "INVALID state (1 problem(s))" in out

@@ -57,6 +57,7 @@ EXPECTED_ALL = {
 EXPECTED_ERRORS = {
     "CheckpointError",
     "GraphError",
+    "ImplementationError",
     "HyperparameterError",
     "ModelConfigError",
     "OptimizerUnavailableError",

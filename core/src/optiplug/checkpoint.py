@@ -15,7 +15,10 @@ plugin and versions, parameter names/shapes/dtypes, hyperparameters, the
 SHA-256 of the tensor file, a checkpoint id, your ``extra`` data) and a
 ``COMMITTED`` marker written last (holding the SHA-256 of the metadata).
 Nothing is used before the marker, both hashes, the schema and the
-safetensors header have been checked. :func:`export_torch` and
+safetensors header have been checked. :func:`verify` and :func:`load` reach
+the same verdict on a checkpoint (one routine checks it), and :func:`save`
+refuses a state that would not load back (a NaN in a moment estimate, say),
+leaving an earlier checkpoint at the path as it was. :func:`export_torch` and
 :func:`import_torch` exchange a plain ``torch.save`` file of the state dict
 instead (loadable with ``torch.load(..., weights_only=True)``).
 """
@@ -37,20 +40,23 @@ from ._checkpoint.format import (
     FORMAT,
     MARKER,
     METADATA,
+    SCHEMA_VERSION,
     TENSORS,
     Stored,
+    check_stored,
     decode,
     encode,
     read_checkpoint,
     sha256,
 )
 from ._checkpoint.io import publish_directory, write_atomic_file, write_durable
+from ._checkpoint.schema import check_metadata, parse_object
 from ._checkpoint.state import snapshot, state_dict_from, stored_target, unshared
 from ._core.registry import Registry, bound_registry
 from ._core.specs import OptimizerSpec, Problem, ProviderInfo
 from ._state.check import check
-from ._state.load import load_state_dict, registry_of, spec_of
-from .errors import CheckpointError, OptiplugError
+from ._state.load import load_state_dict, registry_of, spec_of, validate_state_dict
+from .errors import CheckpointError, OptiplugError, StateDictError
 
 __all__ = [
     "CheckpointInfo",
@@ -180,21 +186,44 @@ def save(
 
     Raises:
         TypeError: ``extra`` is not JSON-serialisable.
-        CheckpointError: ``path`` holds something other than a checkpoint, or
-            the state holds a value that cannot be stored.
+        StateDictError: the state would not load back (non-finite values,
+            wrong shapes...: the problems :func:`load` would report); nothing
+            was written.
+        CheckpointError: ``path`` holds something other than a checkpoint,
+            the state holds a value that cannot be stored, or the file system
+            refused (no space left, read-only...); an earlier checkpoint at
+            ``path`` is unchanged.
     """
     _check_extra(extra)
-    spec = spec_of(optimizer, registry_of(optimizer))
-    metadata, stored = snapshot(optimizer, spec, extra)
+    registry = registry_of(optimizer)
+    spec = spec_of(optimizer, registry)
+    state_dict = optimizer.state_dict()
+    _refuse_invalid(Path(path), optimizer, state_dict, registry, spec)
+    metadata, stored = snapshot(optimizer, spec, extra, state_dict)
     added: dict[str, torch.Tensor] = {}
     metadata["extra_tensors"] = {
         key: encode(value, f"extra_tensors.{key}", added) for key, value in (tensors or {}).items()
     }
     stored = unshared({**stored, **added})
+    data, text = _files(Path(path), metadata, stored)
+    checkpoint_id = metadata["checkpoint_id"]
     publish_directory(
-        Path(path), lambda d: _write(d, metadata, stored), ALLOWED_FILES, marker=MARKER
+        Path(path), lambda d: _write(d, checkpoint_id, data, text), ALLOWED_FILES, marker=MARKER
     )
     return _info(Path(path), metadata, stored)
+
+
+def _refuse_invalid(
+    path: Path, optimizer: Any, state_dict: Any, registry: Registry, spec: OptimizerSpec
+) -> None:
+    """Raise what loading this state back into ``optimizer`` would raise."""
+    problems = validate_state_dict(optimizer, state_dict, registry=registry)
+    if problems:
+        header = (
+            f"refusing to save {spec.name} state to {path}: it would not load back, so "
+            "nothing was written (an earlier checkpoint there is unchanged)"
+        )
+        raise StateDictError(problems, header=header)
 
 
 def _check_extra(extra: Mapping[str, Any]) -> None:
@@ -205,7 +234,14 @@ def _check_extra(extra: Mapping[str, Any]) -> None:
         raise TypeError(message) from error
 
 
-def _write(directory: Path, metadata: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def _files(
+    path: Path, metadata: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> tuple[bytes, bytes]:
+    """The tensor file's and the metadata's bytes, checked as loading will check them.
+
+    Raises:
+        CheckpointError: what loading would refuse (extra data nested too deep...).
+    """
     header = {"format": FORMAT, "checkpoint_id": metadata["checkpoint_id"]}
     data = to_bytes(tensors, metadata=header)
     metadata["tensors"] = {
@@ -214,11 +250,19 @@ def _write(directory: Path, metadata: dict[str, Any], tensors: dict[str, torch.T
         "bytes": len(data),
         "count": len(tensors),
     }
-    write_durable(directory / TENSORS, data)
     text = json.dumps(metadata, indent=1).encode("utf-8")
+    try:
+        check_metadata(parse_object(text, path / METADATA), path / METADATA, FORMAT, SCHEMA_VERSION)
+        check_stored(path, metadata, tensors)
+    except CheckpointError as error:
+        raise CheckpointError(f"cannot save {path}: {error}") from error
+    return data, text
+
+
+def _write(directory: Path, checkpoint_id: str, data: bytes, text: bytes) -> None:
+    write_durable(directory / TENSORS, data)
     write_durable(directory / METADATA, text)
-    marker = {"format": FORMAT, "checkpoint_id": metadata["checkpoint_id"]}
-    marker["metadata_sha256"] = sha256(text)
+    marker = {"format": FORMAT, "checkpoint_id": checkpoint_id, "metadata_sha256": sha256(text)}
     write_durable(directory / MARKER, json.dumps(marker).encode("utf-8"))
 
 
@@ -246,16 +290,43 @@ def load(path: PathLike, optimizer: Any, *, strict: bool = True) -> LoadResult:
 
 
 def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadResult:
-    """Load an already verified checkpoint (see :func:`load`) into ``optimizer``."""
-    state_dict = state_dict_from(stored)
+    """Load an already verified checkpoint (see :func:`load`) into ``optimizer``.
+
+    The checkpoint is first checked on its own, as :func:`verify` checks it
+    (its state against the parameters it recorded); with ``strict`` any
+    problem found there refuses the load, so ``optiplug check`` and
+    :func:`load` agree.
+
+    Raises:
+        StateDictError: the checkpoint's own state is invalid, or it does not
+            fit ``optimizer``; the optimizer is unchanged.
+    """
     registry = registry_of(optimizer)
+    state_dict, own = _examine(stored, registry)
     spec = spec_of(optimizer, registry)
     mismatch = _algorithm_problems(stored.metadata["algorithm"], spec)
+    if strict and own:
+        header = (
+            f"{stored.path} holds invalid state (as optiplug check reports); nothing was changed"
+        )
+        raise StateDictError(sorted({*own, *mismatch}), header=header)
     problems = load_state_dict(
-        optimizer, state_dict, strict=strict, registry=registry, extra_problems=mismatch
+        optimizer, state_dict, strict=strict, registry=registry, extra_problems=[*mismatch, *own]
     )
     info = _info(stored.path, stored.metadata, stored.tensors)
-    return LoadResult(info, tuple(problems), extra_tensors(stored))
+    return LoadResult(info, tuple(sorted(set(problems))), extra_tensors(stored))
+
+
+def _examine(stored: Stored, registry: Registry) -> tuple[dict[str, Any], tuple[Problem, ...]]:
+    """The state a verified checkpoint holds, and its problems against what it recorded.
+
+    The one check :func:`verify` and :func:`load` share: the saved state
+    validated against the checkpoint's own parameter records and its
+    algorithm's schema (generic checks when the algorithm is not installed).
+    """
+    state_dict = state_dict_from(stored)
+    report = check(_self_target(stored, state_dict, registry), state_dict)
+    return state_dict, tuple(sorted(report.problems))
 
 
 def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:
@@ -266,8 +337,8 @@ def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:
     """
     records = stored.metadata.get("extra_tensors", {})
     if not isinstance(records, dict):
-        raise CheckpointError(f"{stored.path}: metadata field 'extra_tensors' is malformed")
-    where = f"{stored.path}: extra_tensors"
+        raise CheckpointError(f"{stored.path / METADATA} is malformed: field 'extra_tensors'")
+    where = f"{stored.path / METADATA}: extra_tensors"
     return {key: decode(value, stored.tensors, where) for key, value in records.items()}
 
 
@@ -297,10 +368,9 @@ def verify(path: PathLike, *, registry: Registry | None = None) -> CheckpointInf
         CheckpointError: missing, truncated, tampered or foreign files.
     """
     stored = read_checkpoint(Path(path))
-    state_dict = state_dict_from(stored)
-    report = check(_self_target(stored, state_dict, bound_registry(registry)), state_dict)
+    _, problems = _examine(stored, bound_registry(registry))
     info = _info(stored.path, stored.metadata, stored.tensors)
-    return attrs.evolve(info, problems=tuple(sorted(report.problems)))
+    return attrs.evolve(info, problems=problems)
 
 
 def _self_target(stored: Stored, state_dict: Mapping[str, Any], registry: Registry) -> Any:

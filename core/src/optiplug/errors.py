@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "GraphError",
     "HyperparameterError",
+    "ImplementationError",
     "ModelConfigError",
     "OptimizerUnavailableError",
     "OptiplugError",
@@ -46,6 +47,16 @@ def closest_name(name: str, choices: Iterable[str]) -> str | None:
 
 class OptiplugError(Exception):
     """Base class of every optiplug error."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the others keep working.
+
+    Also warned, once per process, for an implementation skipped because it
+    failed. Published as ``optiplug.PluginWarning`` (a warning, not an error,
+    so it is not in this module's ``__all__``); defined here so every layer
+    that tolerates a broken plugin can warn with it.
+    """
 
 
 class UnknownOptimizerError(OptiplugError, KeyError):
@@ -87,6 +98,15 @@ class OptimizerUnavailableError(OptiplugError, RuntimeError):
     Raised for a plugin that failed to import or register, was disabled, is
     incompatible, or lacks an optional dependency. Chained (``__cause__``) to
     the original exception when there was one.
+    """
+
+
+class ImplementationError(OptimizerUnavailableError):
+    """A forced implementation (``impl=``) of an algorithm failed to build the optimizer.
+
+    Chained (``__cause__``) to the implementation's own exception. When the
+    implementation is not forced, a failing candidate is skipped with a
+    :class:`~optiplug.PluginWarning` instead.
     """
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -60,14 +61,46 @@ _FieldCheck = Callable[[Any, NamedField, Any], None]
 
 
 def _as_number(field: str, value: Any) -> float:
-    """Return ``value`` as a float, accepting Python numbers and 0-d tensors."""
-    if isinstance(value, bool):
+    """Return ``value`` as a float, accepting what torch's optimizers accept.
+
+    That is: an int or float (numpy's real scalars included) and a 0-d real
+    tensor with data. A bool, a complex or exotic number (``Fraction``,
+    ``Decimal``), an int too large for a float, a meta or complex tensor and
+    anything whose conversion fails raise :class:`HyperparameterError`.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
         raise HyperparameterError(field, value, "must be a number, not a bool")
-    if isinstance(value, numbers.Real):
+    tensor = _tensor_type()
+    if tensor is not None and isinstance(value, tensor):
+        return _tensor_number(field, value)
+    plain = isinstance(value, (int, float)) or type(value).__module__ == "numpy"
+    if not (plain and isinstance(value, numbers.Real)):
+        raise HyperparameterError(field, value, "must be a real number or a 0-d tensor")
+    try:
         return float(value)
-    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0:
+    except (OverflowError, ValueError, TypeError, ArithmeticError) as error:
+        raise HyperparameterError(field, value, f"must be a finite number ({error})") from None
+
+
+def _tensor_type() -> Any:
+    """``torch.Tensor`` if torch is imported (a value cannot be a tensor otherwise)."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def _tensor_number(field: str, value: Any) -> float:
+    if value.ndim != 0:
+        raise HyperparameterError(field, value, "must be a real number or a 0-d tensor")
+    if value.device.type == "meta":
+        raise HyperparameterError(field, value, "must be a tensor with data (not on meta)")
+    if value.dtype.is_complex or str(value.dtype) == "torch.bool":
+        raise HyperparameterError(field, value, "must be a 0-d tensor of a real number dtype")
+    try:
         return float(value.item())
-    raise HyperparameterError(field, value, "must be a real number or a 0-d tensor")
+    except (RuntimeError, ValueError, TypeError, OverflowError) as error:
+        raise HyperparameterError(
+            field, value, f"must be a readable 0-d tensor ({error})"
+        ) from None
 
 
 def _finite(field: str, value: Any) -> float:
@@ -106,6 +139,11 @@ def betas(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept a pair of numbers, each in [0, 1)."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise HyperparameterError(attribute.name, value, "must be a pair (beta1, beta2)")
+    tensor = _tensor_type()
+    tensors = sum(tensor is not None and isinstance(beta, tensor) for beta in value)
+    if tensors == 1 or (tensors == 0 and not all(isinstance(b, float) for b in value)):
+        reason = "beta1 and beta2 must both be floats or both 0-d tensors (as torch requires)"
+        raise HyperparameterError(attribute.name, value, reason)
     for index, beta in enumerate(value):
         number = _finite(f"{attribute.name}[{index}]", beta)
         if not 0.0 <= number < 1.0:
@@ -120,8 +158,9 @@ def boolean(_: Any, attribute: NamedField, value: Any) -> None:
 
 def positive_int(_: Any, attribute: NamedField, value: Any) -> None:
     """Accept an int >= 1 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise HyperparameterError(attribute.name, value, "must be an integer >= 1")
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integral or not 1 <= value < 2**63:
+        raise HyperparameterError(attribute.name, value, "must be an integer >= 1 (and < 2**63)")
 
 
 def _to_tuple(value: Any) -> Any:

@@ -15,7 +15,6 @@ is ``{"tuple": [...]}``, a list ``{"list": [...]}`` and a tensor
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import struct
 from collections.abc import Mapping
@@ -27,7 +26,8 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from ..errors import CheckpointError
-from .io import read_bounded
+from .io import OpenDirectory
+from .schema import check_marker, check_metadata, check_values, parse_object
 
 __all__ = [
     "ALLOWED_FILES",
@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TENSORS",
     "Stored",
+    "check_stored",
     "decode",
     "encode",
     "read_checkpoint",
@@ -50,6 +51,8 @@ METADATA = "metadata.json"
 MARKER = "COMMITTED"
 ALLOWED_FILES = (TENSORS, METADATA, MARKER)
 
+_ATTEMPTS = 8
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _MARKER_LIMIT = 1 << 16
 _METADATA_LIMIT = 1 << 28
 _HEADER_LIMIT = 100 * (1 << 20)
@@ -95,6 +98,8 @@ def encode(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         tensors[name] = value.detach().to("cpu").contiguous()
         return {"tensor": name}
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _INT_MAX:
+        raise CheckpointError(f"cannot save {name}: an integer outside the 64-bit range")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (tuple, list)):
@@ -149,8 +154,12 @@ def read_checkpoint(path: Path) -> Stored:
 
     Checks, in order: the directory and its commit marker; the metadata
     against the marker's hash; the metadata's format, schema version and
-    fields; the tensor file's size, safetensors header (bounded, offsets
-    consistent), checkpoint id and SHA-256; the tensors the metadata names.
+    every field (:func:`~optiplug._checkpoint.schema.check_metadata`); the
+    tensor file's size, safetensors header (bounded, offsets consistent),
+    checkpoint id and SHA-256; the tensors and values the metadata names.
+    Only regular files are read, through one handle on the directory: a
+    checkpoint replaced by another process while it is read is read again
+    (a few times), never reported as tampered with.
 
     Args:
         path: the checkpoint directory.
@@ -162,124 +171,78 @@ def read_checkpoint(path: Path) -> Stored:
         CheckpointError: naming what is missing, truncated, tampered or foreign.
     """
     path = Path(path)
-    marker = _read_marker(path)
-    metadata = _read_metadata(path, marker)
-    data = _read_tensor_file(path, metadata["tensors"]["bytes"])
+    for _ in range(_ATTEMPTS):
+        with OpenDirectory(path) as directory:
+            try:
+                return _read(directory)
+            except CheckpointError:
+                if not directory.replaced():
+                    raise
+    message = (
+        f"{path} was replaced {_ATTEMPTS} times while being read: another process keeps "
+        "saving to it; try again"
+    )
+    raise CheckpointError(message)
+
+
+def _read(directory: OpenDirectory) -> Stored:
+    path = directory.path
+    marker = _read_marker(directory)
+    metadata = _read_metadata(directory, marker)
+    expected = metadata["tensors"]["bytes"]
+    data = directory.read(TENSORS, "tensor file", expected, size=expected)
     _check_tensor_file(path, data, metadata)
     tensors = _load_tensors(path, data)
-    _check_tensor_names(metadata, tensors)
+    check_stored(path, metadata, tensors)
     return Stored(path, metadata, tensors)
 
 
-def _read_marker(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        state = "does not exist" if not path.exists() else "is not a directory"
-        raise CheckpointError(f"no checkpoint at {path}: it {state}")
-    if not (path / MARKER).is_file():
+def check_stored(path: Path, metadata: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+    """Check that ``metadata`` (already schema-checked) fits the tensors stored with it.
+
+    Raises:
+        CheckpointError: a tensor count that differs, or a value that does not decode.
+    """
+    count = metadata["tensors"]["count"]
+    if count != len(tensors):
+        message = f"it lists {count} tensors, the tensor file holds {len(tensors)}"
+        raise CheckpointError(f"{path / METADATA} is malformed: {message}")
+    check_values(metadata, tensors.keys(), path / METADATA)
+
+
+def _read_marker(directory: OpenDirectory) -> dict[str, Any]:
+    path = directory.path
+    if not directory.has(MARKER):
         message = (
-            f"{path} has no commit marker {MARKER}: the save did not finish (or this is "
-            "not an optiplug checkpoint); refusing to use it"
+            f"{path} has no commit marker {path / MARKER}: the save did not finish (or this "
+            "is not an optiplug checkpoint); refusing to use it"
         )
         raise CheckpointError(message)
-    marker = _json(read_bounded(path / MARKER, _MARKER_LIMIT, "commit marker"), MARKER)
-    if marker.get("format") != FORMAT or not isinstance(marker.get("metadata_sha256"), str):
-        raise CheckpointError(f"{path / MARKER} is not an optiplug commit marker")
+    marker = parse_object(directory.read(MARKER, "commit marker", _MARKER_LIMIT), path / MARKER)
+    check_marker(marker, path / MARKER, FORMAT)
     return marker
 
 
-def _json(data: bytes, name: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{name} is not valid JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{name} is not a JSON object")
-    return value
-
-
-def _read_metadata(path: Path, marker: Mapping[str, Any]) -> dict[str, Any]:
-    data = read_bounded(path / METADATA, _METADATA_LIMIT, "metadata")
+def _read_metadata(directory: OpenDirectory, marker: Mapping[str, Any]) -> dict[str, Any]:
+    where = directory.path / METADATA
+    data = directory.read(METADATA, "metadata", _METADATA_LIMIT)
     if sha256(data) != marker["metadata_sha256"]:
         message = (
-            f"{path / METADATA} does not match the commit marker's SHA-256 "
+            f"{where} does not match the commit marker's SHA-256 "
             "(modified, truncated or replaced after the save)"
         )
         raise CheckpointError(message)
-    metadata = _json(data, METADATA)
-    _check_schema(metadata)
-    if metadata["checkpoint_id"] != marker.get("checkpoint_id"):
-        raise CheckpointError(f"{path / MARKER} belongs to another checkpoint than {METADATA}")
-    return metadata
-
-
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "format": str,
-    "schema_version": int,
-    "checkpoint_id": str,
-    "created": str,
-    "algorithm": str,
-    "implementation": (str, type(None)),
-    "optimizer_class": str,
-    "plugin": (dict, type(None)),
-    "versions": dict,
-    "parameters": list,
-    "param_groups": list,
-    "state": dict,
-    "tensors": dict,
-    "extra": dict,
-}
-
-
-def _check_schema(metadata: Mapping[str, Any]) -> None:
-    if metadata.get("format") != FORMAT:
-        raise _malformed(f"format is {metadata.get('format')!r}, expected {FORMAT!r}")
-    version = metadata.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        message = (
-            f"checkpoint schema version {version} is newer than this optiplug reads "
-            f"({SCHEMA_VERSION}); upgrade optiplug"
+    metadata = parse_object(data, where)
+    check_metadata(metadata, where, FORMAT, SCHEMA_VERSION)
+    if metadata["checkpoint_id"] != marker["checkpoint_id"]:
+        raise CheckpointError(
+            f"{directory.path / MARKER} belongs to another checkpoint than {where}"
         )
-        raise CheckpointError(message)
-    for key, kind in _FIELDS.items():
-        if not isinstance(metadata.get(key), kind):
-            raise _malformed(f"field {key!r} is missing or has the wrong type")
-    if version != SCHEMA_VERSION:
-        raise _malformed(f"unknown schema version {version!r}")
-    _check_records(metadata)
-
-
-def _check_records(metadata: Mapping[str, Any]) -> None:
-    files = metadata["tensors"]
-    if not (isinstance(files.get("sha256"), str) and _count(files.get("bytes"))):
-        raise _malformed("field 'tensors' lacks sha256 or bytes")
-    for record in metadata["parameters"]:
-        ok = isinstance(record, dict) and isinstance(record.get("shape"), list)
-        if not ok or not all(_count(n) for n in record["shape"]):
-            raise _malformed(f"parameter record {str(record)[:80]} is invalid")
-        counts = _count(record.get("group")) and _count(record.get("index"))
-        if not isinstance(record.get("dtype"), str) or not counts:
-            raise _malformed(f"parameter record {str(record)[:80]} is invalid")
-    for group in metadata["param_groups"]:
-        ok = isinstance(group, dict) and isinstance(group.get("params"), list)
-        if not ok or not isinstance(group.get("hyperparameters"), dict):
-            raise _malformed(f"param group record {str(group)[:80]} is invalid")
+    return metadata
 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _read_tensor_file(path: Path, expected: int) -> bytes:
-    where = path / TENSORS
-    try:
-        size = where.stat().st_size
-    except OSError as error:
-        raise CheckpointError(f"cannot read tensor file {where}: {error.strerror}") from error
-    if size != expected:
-        state = "truncated" if size < expected else "longer than saved"
-        message = f"{where} is {state}: {size} bytes, the save wrote {expected}"
-        raise CheckpointError(message)
-    return read_bounded(where, expected, "tensor file")
 
 
 def _check_tensor_file(path: Path, data: bytes, metadata: Mapping[str, Any]) -> None:
@@ -312,7 +275,7 @@ def _parse_header(path: Path, data: bytes) -> dict[str, Any]:
             f"but the file has {len(data) - 8} after the length field"
         )
         raise CheckpointError(message)
-    header = _json(data[8 : 8 + size], f"the safetensors header of {where}")
+    header = parse_object(data[8 : 8 + size], where)
     _check_offsets(where, header, len(data) - 8 - size)
     meta = header.get("__metadata__", {})
     if not isinstance(meta, dict):
@@ -356,9 +319,3 @@ def _load_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
     except Exception as error:
         message = f"{path / TENSORS} cannot be read as safetensors: {error}"
         raise CheckpointError(message) from error
-
-
-def _check_tensor_names(metadata: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
-    count = metadata["tensors"].get("count")
-    if count != len(tensors):
-        raise _malformed(f"it lists {count} tensors, the tensor file holds {len(tensors)}")

@@ -23,7 +23,10 @@ __all__ = ["dtype_named", "snapshot", "state_dict_from", "stored_target", "unsha
 
 
 def snapshot(
-    optimizer: Any, spec: OptimizerSpec, extra: Mapping[str, Any]
+    optimizer: Any,
+    spec: OptimizerSpec,
+    extra: Mapping[str, Any],
+    state_dict: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Describe ``optimizer`` for a checkpoint.
 
@@ -31,6 +34,7 @@ def snapshot(
         optimizer: the optimizer to save.
         spec: its algorithm.
         extra: JSON-serialisable user data.
+        state_dict: ``optimizer.state_dict()`` when the caller already has it.
 
     Returns:
         The metadata (without the tensor-file fields) and the tensors to
@@ -39,7 +43,7 @@ def snapshot(
     Raises:
         CheckpointError: a state or hyperparameter value that cannot be stored.
     """
-    state_dict = optimizer.state_dict()
+    state_dict = optimizer.state_dict() if state_dict is None else state_dict
     tensors: dict[str, torch.Tensor] = {}
     groups = [_group_record(i, g, tensors) for i, g in enumerate(state_dict["param_groups"])]
     state = {_state_key(k): _entry_record(k, v, tensors) for k, v in state_dict["state"].items()}
@@ -117,9 +121,9 @@ def _group_record(index: int, group: Mapping[str, Any], tensors: dict[str, Any])
 
 
 def _state_key(key: Any) -> str:
-    if isinstance(key, int) and not isinstance(key, bool):
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
         return str(key)
-    raise CheckpointError(f"cannot save state keyed by {key!r}: expected parameter ids")
+    raise CheckpointError(f"cannot save state keyed by {key!r}: expected parameter ids (>= 0)")
 
 
 def _entry_record(key: int, entry: Mapping[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
@@ -146,16 +150,19 @@ def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def state_dict_from(stored: Stored) -> dict[str, Any]:
     """Rebuild the optimizer state dict a verified checkpoint holds.
 
-    Raises:
-        CheckpointError: the metadata describes values it cannot hold.
+    Args:
+        stored: what :func:`~optiplug._checkpoint.format.read_checkpoint`
+            returned (its schema and values are checked: this cannot fail).
+
+    Returns:
+        ``{"state": ..., "param_groups": ...}`` as ``Optimizer.state_dict()``.
     """
     metadata, tensors = stored.metadata, stored.tensors
     groups = [_group_from(i, g, tensors) for i, g in enumerate(metadata["param_groups"])]
-    state = {}
-    for key, entry in metadata["state"].items():
-        if not isinstance(entry, dict) or not key.lstrip("-").isdigit():
-            raise CheckpointError(f"metadata.json is malformed: state entry {key!r}")
-        state[int(key)] = {slot: decode(v, tensors, f"state {key}") for slot, v in entry.items()}
+    state = {
+        int(key): {slot: decode(v, tensors, f"state {key}") for slot, v in entry.items()}
+        for key, entry in metadata["state"].items()
+    }
     return {"state": state, "param_groups": groups}
 
 

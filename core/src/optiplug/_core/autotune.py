@@ -8,6 +8,10 @@ global RNG) and caches the winner per (algorithm, device type, dtype,
 candidates). ``OPTIPLUG_AUTOTUNE=0`` skips measuring and uses each
 implementation's declared ``priority``.
 
+A candidate that raises (while being timed, or while its ``supports`` check
+runs) is skipped, recorded in :func:`implementation_failures` and warned
+about once per process (:func:`report_failure`); the others still compete.
+
 Under ``torch.distributed`` every rank must run the same kernels: fused and
 loop kernels round differently (by an ulp), so ranks that each picked their
 own winner drift apart. Inside :func:`agreed_across_ranks` (which
@@ -20,16 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..errors import HyperparameterError
+from ..errors import HyperparameterError, PluginWarning
 from . import ranks as _ranks
 from .specs import ImplementationSpec
 
@@ -38,6 +44,8 @@ __all__ = [
     "choose",
     "clear_cache",
     "decisions",
+    "implementation_failures",
+    "report_failure",
     "select",
     "synthetic_parameters",
     "tensor_kinds",
@@ -52,6 +60,7 @@ _TIMED_STEPS = 5
 _lock = threading.Lock()
 _decisions: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
 _agreed: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
+_failures: dict[tuple[str, str, str], str] = {}
 _agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
     "optiplug_autotune_agreement", default=None
 )
@@ -69,10 +78,44 @@ def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str
 
 
 def clear_cache() -> None:
-    """Forget every measured choice, own and agreed (e.g. after changing threads)."""
+    """Forget every measured choice, own and agreed, and every recorded failure."""
     with _lock:
         _decisions.clear()
         _agreed.clear()
+        _failures.clear()
+
+
+def implementation_failures() -> dict[tuple[str, str, str], str]:
+    """Implementations skipped in this process: ``(algorithm, name, plugin) -> error``.
+
+    The error is ``"TypeName: message"``; the plugin is ``""`` for a record
+    without a provider. The latest failure of each implementation is kept.
+    """
+    with _lock:
+        return dict(_failures)
+
+
+def report_failure(impl: ImplementationSpec, error: BaseException) -> None:
+    """Record that ``impl`` failed and is skipped; warn the first time in this process.
+
+    Args:
+        impl: the implementation that raised.
+        error: what it raised.
+    """
+    plugin = impl.provider.plugin if impl.provider is not None else ""
+    key = (impl.algorithm, impl.name, plugin)
+    text = f"{type(error).__name__}: {error}"
+    with _lock:
+        first = key not in _failures
+        _failures[key] = text
+    if first:
+        origin = f" from plugin {impl.provider}" if impl.provider is not None else ""
+        warnings.warn(
+            f"optiplug: implementation {impl.name!r} of {impl.algorithm!r}{origin} failed "
+            f"and is skipped ({text}); the next candidate is used, impl={impl.name!r} forces it",
+            PluginWarning,
+            stacklevel=5,
+        )
 
 
 @contextlib.contextmanager
@@ -137,6 +180,17 @@ def _measure(
     return time_steps(optimizer, _TIMED_STEPS, sample[0].device)
 
 
+def _measured(
+    impl: ImplementationSpec, params: Sequence[torch.Tensor], hparams: Mapping[str, Any]
+) -> float:
+    """:func:`_measure`, or infinity (never the winner) for a candidate that raises."""
+    try:
+        return _measure(impl, params, hparams)
+    except Exception as error:
+        report_failure(impl, error)
+        return math.inf
+
+
 def choose(
     algorithm: str,
     candidates: Sequence[ImplementationSpec],
@@ -155,6 +209,8 @@ def choose(
         The fastest candidate (across ranks inside :func:`agreed_across_ranks`);
         by declared priority, then name, when there is a single candidate, no
         parameters, ``OPTIPLUG_AUTOTUNE=0``, or several ranks and no agreement.
+        A candidate that raises while timed counts as infinitely slow (on
+        every rank, when agreed), so it wins only if all of them raised.
     """
     ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
     if len(ranked) == 1 or not params or os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
@@ -168,7 +224,7 @@ def choose(
     with _lock:
         cached = cache.get(key)
     if cached is None:
-        timings = {impl.name: _measure(impl, params, hparams) for impl in ranked}
+        timings = {impl.name: _measured(impl, params, hparams) for impl in ranked}
         if agreement is not None:
             timings = _slowest_rank(timings, agreement)
         winner = min(ranked, key=lambda impl: timings[impl.name]).name
@@ -220,8 +276,22 @@ def select(
                 algorithm=algorithm,
             )
         return chosen
-    runnable = [c for c in candidates if c.can_run(params)]
+    runnable = _runnable(candidates, params)
     return choose(algorithm, runnable, params, hparams) if runnable else None
+
+
+def _runnable(
+    candidates: Sequence[ImplementationSpec], params: Sequence[torch.Tensor]
+) -> list[ImplementationSpec]:
+    """The candidates that can run ``params``; one whose check raises is reported and skipped."""
+    found = []
+    for candidate in candidates:
+        try:
+            if candidate.can_run(params):
+                found.append(candidate)
+        except Exception as error:
+            report_failure(candidate, error)
+    return found
 
 
 def tensor_kinds(params: Sequence[torch.Tensor]) -> str:

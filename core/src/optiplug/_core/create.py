@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..errors import ImplementationError, OptiplugError
 from ..validators import validate_hyperparameters
 from .binding import provided_default
 from .params import group_overrides, parameter_tensors
@@ -72,16 +73,79 @@ def validated_hparams(
     return merged
 
 
-def _choose(
+def _build(
     spec: OptimizerSpec,
     candidates: Sequence[ImplementationSpec],
     impl: str | None,
-    tensors: Sequence[torch.Tensor],
+    params: list[Any],
     hparams: dict[str, Any],
-) -> ImplementationSpec | None:
+) -> torch.optim.Optimizer:
+    """Build ``spec`` over ``params`` with ``impl`` if forced, else the best that works.
+
+    Unforced, the candidates are tried best first (measured, or by priority);
+    one that raises is skipped for the next, and reported (a
+    :class:`~optiplug.PluginWarning`, once per process) only when a later
+    one, or else the algorithm's own factory, succeeds: when every one
+    fails, the own factory's error is raised and no implementation is blamed.
+    """
     from . import autotune  # deferred: imports torch
 
-    return autotune.select(spec.name, candidates, impl, tensors, hparams)
+    tensors = parameter_tensors(params)
+    if impl is not None:
+        forced = autotune.select(spec.name, candidates, impl, tensors, hparams)
+        return _build_forced(forced, params, hparams)
+    optimizer, failed = _first_that_builds(spec, candidates, params, hparams)
+    for implementation, failure in failed:
+        autotune.report_failure(implementation, failure)
+    return optimizer
+
+
+def _first_that_builds(
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
+    params: list[Any],
+    hparams: dict[str, Any],
+) -> tuple[torch.optim.Optimizer, list[tuple[ImplementationSpec, Exception]]]:
+    """The optimizer of the best candidate that builds, and the ones that raised before it.
+
+    Falls back to ``spec.factory`` (whose error propagates) when none builds.
+    """
+    from . import autotune  # deferred: imports torch
+
+    tensors = parameter_tensors(params)
+    remaining = list(candidates)
+    failed: list[tuple[ImplementationSpec, Exception]] = []
+    while (chosen := autotune.select(spec.name, remaining, None, tensors, hparams)) is not None:
+        try:
+            return chosen.factory(params, **hparams), failed
+        except Exception as error:
+            failed.append((chosen, error))
+            remaining = [c for c in remaining if c is not chosen]
+    return spec.factory(params, **hparams), failed
+
+
+def _build_forced(
+    chosen: ImplementationSpec | None, params: list[Any], hparams: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """Build the forced implementation; its failure raises, typed and chained.
+
+    Raises:
+        ImplementationError: the factory raised something other than an
+            :class:`~optiplug.errors.OptiplugError` (which passes through).
+    """
+    if chosen is None:  # select() returns the forced record or raises
+        raise AssertionError("a forced implementation was not selected")
+    try:
+        optimizer: torch.optim.Optimizer = chosen.factory(params, **hparams)
+    except OptiplugError:
+        raise
+    except Exception as error:
+        origin = f" from plugin {chosen.provider}" if chosen.provider is not None else ""
+        raise ImplementationError(
+            f"{chosen.algorithm}: implementation {chosen.name!r}{origin} failed to build the "
+            f"optimizer: {type(error).__name__}: {error}"
+        ) from error
+    return optimizer
 
 
 def create_optimizer(
@@ -99,7 +163,8 @@ def create_optimizer(
     groups too), an implementation is chosen (``impl`` when forced, else the
     fastest that can run ``params``), and its factory (or the spec's, when
     no implementation can run them) is called with ``params`` and the
-    keywords.
+    keywords. An implementation that raises is skipped for the next one
+    with a :class:`~optiplug.PluginWarning` unless it was forced.
 
     An algorithm whose :attr:`OptimizerSpec.capabilities` holds
     :data:`USES_REGISTRY` (``"uses-registry"``) also gets ``registry=``, the
@@ -122,6 +187,7 @@ def create_optimizer(
         UnknownOptimizerError: ``name`` is not registered.
         HyperparameterError: a bad keyword or value, or an ``impl`` that does
             not exist or cannot run ``params``.
+        ImplementationError: the forced ``impl`` failed to build (chained).
     """
     spec = registry.spec(name, provider=provider)
     params = list(params)
@@ -129,9 +195,7 @@ def create_optimizer(
     if USES_REGISTRY in spec.capabilities:
         merged.setdefault("registry", registry)
     candidates = registry.implementations(spec.name, provider=provider)
-    chosen = _choose(spec, candidates, impl, parameter_tensors(params), merged)
-    factory = chosen.factory if chosen is not None else spec.factory
-    optimizer: torch.optim.Optimizer = factory(params, **merged)
+    optimizer = _build(spec, candidates, impl, params, merged)
     _tag(optimizer, spec, registry)
     return optimizer
 

@@ -24,6 +24,7 @@ from ..errors import (
     PluginConflictError,
     PluginError,
     PluginUnavailable,
+    PluginWarning,
     UnknownOptimizerError,
     UnknownScheduleError,
     closest_name,
@@ -55,10 +56,6 @@ ENTRY_POINT_GROUP = "optiplug.plugins"
 _Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
 _Named = TypeVar("_Named", OptimizerSpec, ScheduleSpec)
 """Records looked up by name or alias."""
-
-
-class PluginWarning(UserWarning):
-    """A plugin could not be loaded; the others keep working."""
 
 
 class _Incompatible(Exception):
@@ -134,6 +131,7 @@ class Registry:
         self._manager.add_hookspecs(HookSpecs)
         self._lock = threading.RLock()
         self._pending_discovery = autoload
+        self._seen_entry_points: set[tuple[str, str, str]] = set()
         self._plugins: dict[str, PluginInfo] = {}
         self._errors: dict[str, BaseException] = {}
         self._optimizers: dict[str, list[OptimizerSpec]] = {}
@@ -182,27 +180,39 @@ class Registry:
                 contributions = self._collect(
                     name, plugin, ProviderInfo(name, distribution, version)
                 )
-            except PluginUnavailable as error:
-                info = attrs.evolve(
-                    base, status="unavailable", provides=error.provides, error=error.reason
-                )
-                return self._record(info, error)
-            except _Incompatible as error:
-                return self._record(
-                    attrs.evolve(base, status="incompatible", error=str(error)), error
-                )
-            except Exception as error:
-                text = f"{type(error).__name__}: {error}"
-                warnings.warn(
-                    f"optiplug plugin {name!r} ({distribution} {version}) failed to load and is "
-                    f"skipped ({text}); other plugins keep working",
-                    PluginWarning,
-                    stacklevel=3,
-                )
-                return self._record(attrs.evolve(base, status="failed", error=text), error)
+            except BaseException as error:  # a plugin may even sys.exit(); see _not_loaded
+                return self._record(self._not_loaded(base, error), error)
             self._commit(contributions)
             rule = ("rule:" + name,) if self._implements(name, "optiplug_select_optimizer") else ()
             return self._record(attrs.evolve(base, provides=contributions.names() + rule))
+
+    def _not_loaded(self, base: PluginInfo, error: BaseException) -> PluginInfo:
+        """The record of a plugin whose import, API check or registration hooks raised.
+
+        A ``KeyboardInterrupt`` (perhaps the user's Ctrl-C) is recorded, then
+        raised again with a message naming the plugin; any other exception,
+        ``SystemExit`` included, only fails this plugin.
+        """
+        origin = f"{base.name!r} ({base.distribution} {base.version})"
+        if isinstance(error, PluginUnavailable):
+            return attrs.evolve(
+                base, status="unavailable", provides=error.provides, error=error.reason
+            )
+        if isinstance(error, _Incompatible):
+            return attrs.evolve(base, status="incompatible", error=str(error))
+        text = _failure_text(error, "loading")
+        if isinstance(error, KeyboardInterrupt):
+            self._record(attrs.evolve(base, status="failed", error=text), error)
+            raise KeyboardInterrupt(
+                f"interrupted while loading optiplug plugin {origin}"
+            ) from error
+        warnings.warn(
+            f"optiplug plugin {origin} failed to load and is skipped ({text}); "
+            "other plugins keep working",
+            PluginWarning,
+            stacklevel=4,
+        )
+        return attrs.evolve(base, status="failed", error=text)
 
     def _record(self, info: PluginInfo, error: BaseException | None = None) -> PluginInfo:
         self._plugins[info.name] = info
@@ -277,22 +287,32 @@ class Registry:
             self._commands.setdefault(command.name, []).append(command)
 
     def _discover(self) -> None:
-        """Load every entry point of the group, once (de-duplicated)."""
+        """Load every entry point of the group once (de-duplicated), then apply strictness.
+
+        In strict mode every call raises while any plugin is failed or
+        incompatible, not only the call that loaded it. An interrupted
+        discovery (``KeyboardInterrupt``) resumes where it stopped.
+        """
         with self._lock:
-            if not self._pending_discovery:
-                return
-            self._pending_discovery = False
-            loaded = []
-            for entry_point in _entry_points():
-                dist = entry_point.dist
-                distribution = dist.name if dist is not None else "-"
-                version = dist.version if dist is not None else "-"
-                name = entry_point.name
-                if name in self._plugins:
-                    name = f"{name}[{distribution}]"
-                self._load(name, entry_point.load, distribution, version, entry_point.value)
-                loaded.append(name)
-            self._raise_if_strict(loaded)
+            if self._pending_discovery:
+                for entry_point in _entry_points():
+                    self._load_entry_point(entry_point)
+                self._pending_discovery = False
+            self._raise_if_strict(self._plugins)
+
+    def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
+        """Load one entry point unless an earlier (interrupted) discovery did."""
+        dist = entry_point.dist
+        distribution = dist.name if dist is not None else "-"
+        key = (entry_point.name, entry_point.value, distribution)
+        if key in self._seen_entry_points:
+            return
+        self._seen_entry_points.add(key)
+        version = dist.version if dist is not None else "-"
+        name = entry_point.name
+        if name in self._plugins:
+            name = f"{name}[{distribution}]"
+        self._load(name, entry_point.load, distribution, version, entry_point.value)
 
     def _raise_if_strict(self, names: Iterable[str]) -> None:
         if not self.strict:
@@ -432,6 +452,26 @@ class Registry:
             found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
         )
 
+    def implementation_failures(self, name: str, *, provider: str | None = None) -> dict[str, str]:
+        """Implementations of algorithm ``name`` this process skipped because they failed.
+
+        An implementation that raises while being timed or built for an
+        unforced choice is skipped with a :class:`PluginWarning`;
+        ``optiplug show NAME`` lists it as failed.
+
+        Args:
+            name: algorithm name or alias.
+            provider: plugin or distribution name, as for :meth:`spec`.
+
+        Returns:
+            ``{implementation name: "TypeName: message"}``, sorted by name.
+        """
+        from . import autotune  # deferred: imports torch
+
+        mine = {_implementation_key(i) for i in self.implementations(name, provider=provider)}
+        failed = autotune.implementation_failures()
+        return {key[1]: failed[key] for key in sorted(mine & failed.keys())}
+
     def _resolve(
         self,
         table: Mapping[str, list[_Named]],
@@ -479,10 +519,11 @@ class Registry:
     def call_each(
         self, hook_name: str, **kwargs: Any
     ) -> Iterator[tuple[PluginInfo, Any, BaseException | None]]:
-        """Call ``hook_name`` on each active plugin separately.
+        """Call ``hook_name`` on each loaded plugin separately.
 
-        A plugin whose hook raises is reported with its exception and does not
-        stop the others.
+        A plugin whose hook raises (``SystemExit`` included) is reported with
+        its exception and does not stop the others; a ``KeyboardInterrupt``
+        propagates, its message naming the plugin.
 
         Args:
             hook_name: an ``optiplug_*`` hook.
@@ -491,6 +532,9 @@ class Registry:
         Yields:
             ``(plugin info, result or None, exception or None)`` per hookimpl,
             in plugin-name order.
+
+        Raises:
+            PluginError: in strict mode, while any plugin is failed or incompatible.
         """
         self._discover()
         hook = getattr(self._manager.hook, hook_name)
@@ -498,7 +542,10 @@ class Registry:
             info = self._plugins[impl.plugin_name]
             try:
                 result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            except Exception as error:
+            except KeyboardInterrupt as error:
+                where = f"{hook_name} of optiplug plugin {info.name!r}"
+                raise KeyboardInterrupt(f"interrupted in {where}") from error
+            except BaseException as error:  # a hook may even sys.exit()
                 yield info, None, error
             else:
                 yield info, result, None
@@ -506,47 +553,68 @@ class Registry:
     def candidates(self, request: SelectionRequest) -> list[tuple[Candidate, PluginInfo]]:
         """Collect every plugin's candidates for ``request`` (broken rules skipped).
 
+        A rule that raises or returns anything but an iterable of
+        :class:`~optiplug.Candidate` (None counts as no candidates) marks its
+        plugin ``failed`` with a :class:`PluginWarning`; the others decide.
+
         Args:
             request: the selection request.
 
         Returns:
             ``(candidate with provider filled in, plugin)`` pairs, in plugin order.
+
+        Raises:
+            PluginError: in strict mode, when a rule fails.
         """
         found = []
         for info, result, error in self.call_each("optiplug_select_optimizer", request=request):
-            if error is not None:
-                warnings.warn(
-                    f"selection rule of plugin {info.name!r} failed: {error}",
-                    PluginWarning,
-                    stacklevel=2,
-                )
+            if info.status != "active":
+                continue  # its rule failed before
+            proposed = _typed_records(result, Candidate) if error is None else error
+            if isinstance(proposed, BaseException):
+                self._rule_failed(info, proposed)
                 continue
             provider = ProviderInfo(info.name, info.distribution, info.version)
-            found += [(attrs.evolve(c, provider=provider), info) for c in result or ()]
+            found += [(attrs.evolve(c, provider=provider), info) for c in proposed]
         return found
+
+    def _rule_failed(self, info: PluginInfo, error: BaseException) -> None:
+        """Mark ``info``'s plugin failed because its selection rule did; warn or raise."""
+        text = f"selection rule failed: {_failure_text(error, 'selecting')}"
+        with self._lock:
+            self._record(attrs.evolve(info, status="failed", error=text), error)
+        warnings.warn(
+            f"optiplug plugin {info.name!r} ({info.distribution} {info.version}): {text}; "
+            "its candidates are skipped, the other rules decide",
+            PluginWarning,
+            stacklevel=4,
+        )
+        self._raise_if_strict([info.name])
 
     def extra_state_problems(
         self, spec: OptimizerSpec, optimizer: Any, state_dict: Any
     ) -> list[Problem]:
         """Collect every plugin's extra state-dict problems.
 
-        A validation hook that raises is itself reported as a problem, so a
-        broken plugin cannot let an unchecked state dict through.
+        A validation hook that raises, or returns anything but an iterable of
+        :class:`~optiplug.Problem` (None counts as none), is itself reported as
+        one ``validator-error`` problem naming the plugin, so a broken plugin
+        cannot let an unchecked state dict through.
         """
         problems: list[Problem] = []
         calls = self.call_each(
             "optiplug_validate_state_dict", spec=spec, optimizer=optimizer, state_dict=state_dict
         )
         for info, result, error in calls:
-            if error is not None:
-                found = f"{type(error).__name__}: {error}"
+            found = _typed_records(result, Problem) if error is None else error
+            if isinstance(found, BaseException):
+                expected = "an iterable of optiplug.Problem, and no error"
+                text = _failure_text(found, "validating")
                 problems.append(
-                    Problem(
-                        kind="validator-error", slot=info.name, expected="no error", found=found
-                    )
+                    Problem(kind="validator-error", slot=info.name, expected=expected, found=text)
                 )
             else:
-                problems.extend(result or ())
+                problems.extend(found)
         return problems
 
 
@@ -580,6 +648,48 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
             seen.add(key)
             unique.append(entry_point)
     return sorted(unique, key=lambda ep: (ep.name, ep.value))
+
+
+_Typed = TypeVar("_Typed", Candidate, Problem)
+
+
+def _typed_records(result: object, kind: type[_Typed]) -> list[_Typed] | BaseException:
+    """``result`` as a list of ``kind`` records, else the error describing what it was.
+
+    None is no records. A string, a mapping, anything not iterable, or an
+    iterable holding anything but ``kind`` (or raising while iterated) is an error.
+    """
+    expected = f"expected an iterable of {kind.__name__}"
+    if result is None:
+        return []
+    if isinstance(result, (str, bytes, Mapping)) or not isinstance(result, Iterable):
+        return TypeError(f"returned {_shown(result)}, {expected}")
+    try:
+        items = list(result)
+    except Exception as error:
+        return error
+    wrong = next((item for item in items if not isinstance(item, kind)), None)
+    if wrong is not None:
+        return TypeError(f"returned {type(result).__name__} holding {_shown(wrong)}, {expected}")
+    return items
+
+
+def _shown(value: object) -> str:
+    """``str 'adamw'``: a value's type and a short repr, for error messages."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _failure_text(error: BaseException, doing: str) -> str:
+    """``"ValueError: why"`` for an exception, ``"SystemExit(3) raised while loading"`` otherwise."""
+    if isinstance(error, Exception):
+        return f"{type(error).__name__}: {error}"
+    return f"{error!r} raised while {doing}"
+
+
+def _implementation_key(impl: ImplementationSpec) -> tuple[str, str, str]:
+    """``(algorithm, name, plugin)``, as :func:`autotune.implementation_failures` keys it."""
+    return (impl.algorithm, impl.name, impl.provider.plugin if impl.provider else "")
 
 
 def _provider_names(record: Any) -> set[str]:

@@ -27,9 +27,8 @@ import os
 import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, RandomSampler
@@ -44,6 +43,8 @@ from .._core import ranks as _ranks
 from .._schedules.base import Schedule
 from ..checkpoint import extra_tensors, load_stored
 from ..errors import CheckpointError, GraphError, HyperparameterError
+from .finite import NONFINITE_POLICIES, first_nonfinite, gradients, parameters, state_items
+from .record import GraphRecord, numpy_rng_state, read_record, torch_rng_states
 
 __all__ = ["DataBinding", "Graph"]
 
@@ -104,6 +105,11 @@ class Graph:
             advances neither the schedule nor ``training_step``).
         seed: seeds the per-epoch shuffling of a shuffling loader.
 
+    A non-finite loss or gradient stops the run with a :class:`GraphError`
+    before anything is applied (see :meth:`set_nonfinite_policy` to skip such
+    batches instead), and so does a step that leaves a parameter or the
+    optimizer state non-finite; :meth:`save` refuses a non-finite state.
+
     Raises:
         HyperparameterError: a bad ``accumulate`` or ``precision``.
     """
@@ -146,6 +152,11 @@ class Graph:
         self._live_epochs = 0
         self._position = (0, 0)  # (epoch, batches consumed in it)
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        self._nonfinite = "stop"
+        self._max_consecutive_skips = 16
+        self._skip_pending = False  # a non-finite loss in this accumulation (policy "skip")
+        self._skipped = 0
+        self._consecutive_skips = 0
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if not _ranks.active():
@@ -208,9 +219,7 @@ class Graph:
         """Under DDP, every rank picks the same measured implementation (see _autotune)."""
         if not _ranks.active():
             return contextlib.nullcontext()
-        nccl = torch.distributed.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        return _autotune.agreed_across_ranks(device)
+        return _autotune.agreed_across_ranks(_collective_device())
 
     def set_scheduler(self, schedule: Schedule | str | Mapping[str, Any] | None) -> None:
         """Attach a schedule (an object, a name, or a dict for ``optiplug.schedule``); None detaches."""
@@ -299,36 +308,167 @@ class Graph:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
 
+    def set_nonfinite_policy(self, policy: str, *, max_consecutive_skips: int = 16) -> None:
+        """Choose what a non-finite (NaN or inf) loss or gradient does.
+
+        ``"stop"`` (the default): :meth:`backward` or :meth:`step` raises
+        :class:`GraphError` before anything is applied, so the parameters, the
+        optimizer state and ``training_step`` are those of the last step.
+        ``"skip"``: the optimizer step of that batch (of its whole accumulation)
+        is skipped, as fp16 gradient scaling skips one: :meth:`step` returns
+        False, the gradients are dropped, neither ``training_step`` nor the
+        schedule advances, and :attr:`skipped_steps` counts it. Under either
+        policy, a step that leaves a parameter or the optimizer state
+        non-finite (an update that overflowed) raises, since it cannot be undone.
+
+        Args:
+            policy: ``"stop"`` or ``"skip"``.
+            max_consecutive_skips: with ``"skip"``, this many skipped steps in
+                a row raise :class:`GraphError` (a run that cannot recover).
+
+        Raises:
+            HyperparameterError: an unknown policy or a count < 1.
+        """
+        if policy not in NONFINITE_POLICIES:
+            raise HyperparameterError(
+                "nonfinite_policy", policy, "must be 'stop' or 'skip'", algorithm="Graph"
+            )
+        limit = max_consecutive_skips
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise HyperparameterError(
+                "max_consecutive_skips", limit, "must be an integer >= 1", algorithm="Graph"
+            )
+        self._nonfinite, self._max_consecutive_skips = policy, limit
+
+    @property
+    def nonfinite_policy(self) -> str:
+        """``"stop"`` or ``"skip"`` (see :meth:`set_nonfinite_policy`)."""
+        return self._nonfinite
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient (policy ``"skip"``)."""
+        return self._skipped
+
     def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss``, divided by ``accumulate`` and scaled for fp16."""
+        """Backpropagate ``loss``, divided by ``accumulate`` and scaled for fp16.
+
+        A non-finite loss is not backpropagated (under DDP: on any rank, then
+        on none): with the ``"stop"`` policy it raises, with ``"skip"`` this
+        accumulation's step will be skipped.
+
+        Raises:
+            GraphError: a non-finite loss under the ``"stop"`` policy; the
+                gradients accumulated so far are dropped, nothing is applied.
+        """
+        if self._loss_nonfinite(loss):
+            if self._nonfinite == "skip":
+                self._skip_pending = True
+                return
+            value = "nan" if bool(torch.isnan(loss.detach()).any()) else "inf"
+            self._drop_accumulation()
+            raise GraphError(
+                f"Graph.backward: the loss is {value} at step {self._training_step + 1}; "
+                f"stopped before backpropagating it, nothing was applied (the parameters "
+                f"and optimizer state are those of step {self._training_step})"
+            )
         loss = loss / self.accumulate
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+
+    def _loss_nonfinite(self, loss: torch.Tensor) -> bool:
+        """Whether ``loss`` holds NaN or inf here or, under DDP, on any rank."""
+        flag = (~torch.isfinite(loss.detach())).any().to(torch.int32)
+        if _ranks.active():
+            flag = flag.to(_collective_device())
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag)
+
+    def _drop_accumulation(self) -> None:
+        """Forget this accumulation: zero the gradients, rewind the micro-step counter."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self._micro_step -= self._micro_step % self.accumulate
+        self._skip_pending = False
 
     def step(self) -> bool:
         """Count one micro-batch; every ``accumulate``-th, take an optimizer step.
 
         The step sets each group's lr to base * schedule(training_step) *
         lr_scale, steps, zeros the gradients and increments ``training_step``
-        (unless fp16 gradient scaling skipped it for inf/NaN gradients).
+        (unless fp16 gradient scaling, or the ``"skip"`` policy, skipped it for
+        a non-finite loss or gradient).
 
         Returns:
             True when the optimizer stepped.
 
         Raises:
-            GraphError: no optimizer set.
+            GraphError: no optimizer set; a non-finite gradient (``"stop"``
+                policy: nothing applied); too many skips in a row; or a step
+                that left a parameter or the optimizer state non-finite.
         """
         optimizer = self._require_optimizer("step")
         self._micro_step += 1
         if self._micro_step % self.accumulate:
             return False
+        if self._skip_pending or self._gradient_nonfinite(optimizer):
+            return self._skip(optimizer)
         self._apply_lr()
         stepped = self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         if stepped:
             self._training_step += 1
+            self._consecutive_skips = 0
+            self._stop_if_state_nonfinite(optimizer)
         return stepped
+
+    def _gradient_nonfinite(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether to skip for a non-finite gradient; raises under ``"stop"``.
+
+        With fp16 the GradScaler makes that decision itself. Gradients are
+        all-reduced under DDP, so every rank decides the same.
+        """
+        if self.scaler is not None:
+            return False
+        name = first_nonfinite(gradients(self.module))
+        if name is None or self._nonfinite == "skip":
+            return name is not None
+        self._micro_step -= self.accumulate
+        self._drop_accumulation()
+        raise GraphError(
+            f"Graph.step: {name} is not finite at step {self._training_step + 1}; "
+            f"nothing was applied (the parameters and optimizer state are those of step "
+            f"{self._training_step})"
+        )
+
+    def _skip(self, optimizer: torch.optim.Optimizer) -> bool:
+        optimizer.zero_grad(set_to_none=True)
+        self._skip_pending = False
+        self._skipped += 1
+        self._consecutive_skips += 1
+        if self._consecutive_skips >= self._max_consecutive_skips:
+            raise GraphError(
+                f"Graph.step: {self._consecutive_skips} steps in a row were skipped for a "
+                f"non-finite loss or gradient (at step {self._training_step + 1}); stopping: "
+                f"the parameters and optimizer state are those of step {self._training_step}"
+            )
+        return False
+
+    def _nonfinite_state(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """The first parameter or optimizer state slot holding NaN or inf, or None."""
+        return first_nonfinite(
+            itertools.chain(parameters(self.module), state_items(self.module, optimizer))
+        )
+
+    def _stop_if_state_nonfinite(self, optimizer: torch.optim.Optimizer) -> None:
+        found = self._nonfinite_state(optimizer)
+        if found is not None:
+            raise GraphError(
+                f"Graph.step: the state is not finite after step {self._training_step}: "
+                f"{found} holds NaN or inf (the update overflowed: lower the learning rate); "
+                "this Graph cannot go on: load the last checkpoint"
+            )
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         if self.scaler is None:
@@ -492,13 +632,21 @@ class Graph:
         waits until it has.
 
         Raises:
-            GraphError: no optimizer set.
+            GraphError: no optimizer set, or a parameter or the optimizer state
+                holds NaN or inf (nothing is written: a checkpoint already at
+                ``path`` is untouched).
             CheckpointError: ``path`` holds something other than a checkpoint.
         """
         optimizer = self._require_optimizer("save")
+        found = self._nonfinite_state(optimizer)  # every rank: their states are identical
+        if found is not None:
+            raise GraphError(
+                f"Graph.save: refusing to save a non-finite state ({found} holds NaN or inf); "
+                f"nothing was written, {os.fspath(path)} is untouched"
+            )
         if self.rank == 0:
             tensors = {f"model/{k}": v for k, v in self.module.state_dict().items()}
-            tensors.update(_torch_rng_states())
+            tensors.update(torch_rng_states())
             checkpoint.save(path, optimizer, tensors=tensors, graph=self._state())
         if _ranks.active():
             torch.distributed.barrier()
@@ -514,34 +662,39 @@ class Graph:
             "accumulate": self.accumulate,
             "world_size": self.world_size,
             "python_rng": _jsonable(random.getstate()),
-            "numpy_rng": _numpy_rng_state(),
+            "numpy_rng": numpy_rng_state(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Resume from :meth:`save`'s checkpoint: everything is verified before anything changes.
 
-        The checkpoint's optimizer state, schedule, base lrs, lr scale, counters,
-        RNG states and data position replace this graph's; the optimizer
-        must already be set (same algorithm, same parameters).
+        The files' integrity, the model tensors' names, shapes and dtypes, the
+        graph record's every field (counters, lrs, schedule, data position)
+        and RNG states, and the optimizer state are all checked first; only
+        then do they replace this graph's. The optimizer must already be set
+        (same algorithm, same parameters). On any error the module, optimizer,
+        schedule, counters and RNG states are left exactly as they were.
 
         Raises:
             GraphError: no optimizer set.
-            CheckpointError: damaged files, or model tensors that do not fit the module.
+            CheckpointError: damaged files, a malformed graph record or RNG
+                state, or model tensors that do not fit the module.
             StateDictError: optimizer state that does not fit the optimizer.
         """
         optimizer = self._require_optimizer("load")
         stored = read_checkpoint(Path(path))
         tensors = extra_tensors(stored)
-        state = _graph_state(stored.metadata.get("extra", {}), path)
+        extra = stored.metadata.get("extra", {})
+        scaler = self.device.type if self.scaler is not None else None
+        record = read_record(extra, tensors, len(optimizer.param_groups), path, scaler)
         model_state = {
             k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")
         }
         self._check_model_state(model_state, path)
-        schedule = _schedule_from(state["schedule"])
-        load_stored(stored, optimizer, strict=True)
+        load_stored(stored, optimizer, strict=True)  # validates first: all or nothing
         self.module.load_state_dict(model_state)
-        self._restore(state, schedule, tensors)
+        self._restore(record)
 
     def _check_model_state(self, saved: Mapping[str, torch.Tensor], path: Any) -> None:
         own = self.module.state_dict()
@@ -557,86 +710,30 @@ class Graph:
                 f"{path}: the model state does not fit this module: {'; '.join(problems[:10])}"
             )
 
-    def _restore(
-        self,
-        state: Mapping[str, Any],
-        schedule: Schedule | None,
-        tensors: Mapping[str, torch.Tensor],
-    ) -> None:
-        self._training_step = int(state["training_step"])
-        self._micro_step = int(state["micro_step"])
-        self._lr_scale = float(state["lr_scale"])
-        self.base_lrs = [float(lr) for lr in state["base_lrs"]]
-        self.schedule = schedule
-        self._position = (int(state["data_position"][0]), int(state["data_position"][1]))
-        random.setstate(_tupled(state["python_rng"]))
-        np.random.set_state(_numpy_state_from(state["numpy_rng"]))
-        _set_torch_rng_states(tensors)
-        if self.scaler is not None and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
+    def _restore(self, record: GraphRecord) -> None:
+        self._training_step = record.training_step
+        self._micro_step = record.micro_step
+        self._lr_scale = record.lr_scale
+        self.base_lrs = list(record.base_lrs)
+        self.schedule = record.schedule
+        self._position = record.data_position
+        self._skip_pending = False
+        self._consecutive_skips = 0
+        record.apply_rng()
+        if self.scaler is not None and record.scaler:
+            self.scaler.load_state_dict(record.scaler)
         self._apply_lr()
 
 
-_GRAPH_KEYS = (
-    "training_step",
-    "micro_step",
-    "lr_scale",
-    "base_lrs",
-    "schedule",
-    "data_position",
-    "python_rng",
-    "numpy_rng",
-)
-
-
-def _graph_state(extra: Mapping[str, Any], path: Any) -> Mapping[str, Any]:
-    state = extra.get("graph") if isinstance(extra, Mapping) else None
-    if not isinstance(state, Mapping) or any(key not in state for key in _GRAPH_KEYS):
-        raise CheckpointError(
-            f"{path}: not a Graph checkpoint (saved by optiplug.checkpoint.save, not Graph.save?)"
-        )
-    return state
-
-
-def _schedule_from(saved: Mapping[str, Any] | None) -> Schedule | None:
-    return build_schedule(**saved) if saved else None
+def _collective_device() -> torch.device:
+    """Where a collective's tensors live: the current CUDA device under NCCL, else the CPU."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _jsonable(value: Any) -> Any:
     return [_jsonable(item) for item in value] if isinstance(value, (tuple, list)) else value
-
-
-def _tupled(value: Any) -> Any:
-    return tuple(_tupled(item) for item in value) if isinstance(value, list) else value
-
-
-_LegacyRngState = tuple[str, "np.ndarray[Any, np.dtype[np.uint32]]", int, int, float]
-"""``np.random.get_state()`` of the global MT19937 generator (numpy's stubs also allow a dict)."""
-
-
-def _numpy_rng_state() -> list[Any]:
-    kind, keys, position, has_gauss, cached = cast(_LegacyRngState, np.random.get_state())
-    return [kind, keys.tolist(), int(position), int(has_gauss), float(cached)]
-
-
-def _numpy_state_from(saved: list[Any]) -> tuple[Any, ...]:
-    kind, keys, position, has_gauss, cached = saved
-    return (kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached)
-
-
-def _torch_rng_states() -> dict[str, torch.Tensor]:
-    states = {"rng/torch_cpu": torch.get_rng_state()}
-    # torch leaves cuda.is_initialized unannotated
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        states.update({f"rng/cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    return states
-
-
-def _set_torch_rng_states(tensors: Mapping[str, torch.Tensor]) -> None:
-    torch.set_rng_state(tensors["rng/torch_cpu"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda_")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
 Graph.__module__ = "optiplug"  # its public home: pickles and docs name optiplug.Graph

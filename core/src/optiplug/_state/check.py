@@ -5,6 +5,26 @@ compares a candidate state dict with a :class:`Target` (the parameters,
 names and hyperparameters of each group, and the algorithm's spec) and
 returns a :class:`Report` of every problem, plus what a partial
 (``strict=False``) load must skip.
+
+A structural problem (wrong group count or size, duplicate or ill-typed ids,
+duplicate names) makes the report fatal but does not end the check: every
+state entry whose id still maps to one parameter is checked too. An id maps
+to a parameter when it is a hashable int (or str) id and
+
+1. the groups pair up by index (same count) and the id's group has the
+   target's size (or is matched by name, as in a valid dict); or, when the
+   group count differs,
+2. the target and every saved group carry ``param_names``: by name; else
+3. the saved groups list as many ids as the target has parameters: the k-th
+   id over all groups is the k-th parameter (torch's own pairing); else
+4. groups pair by index as far as both go, and each paired group of the
+   target's size pairs by position.
+
+A duplicated id is checked for each parameter it is listed for. Entries no
+rule maps are reported as ``orphan-state`` when their id is in no group,
+else left unchecked. Group hyperparameters are checked only for groups that
+pair by index (rule 1). Only a dict that is not a mapping with ``state`` (a
+mapping) and ``param_groups`` (a list of mappings) stops the check at once.
 """
 
 from __future__ import annotations
@@ -139,19 +159,97 @@ def check(target: Target, state_dict: Any) -> Report:
     if parts is None:
         return report
     state, groups = parts
-    ids = _group_ids(target, groups, report)
-    if ids is None:
-        return report
+    ids = _group_ids(groups, report)
+    if len(groups) == len(target.groups):
+        _paired_groups(target, groups, ids, report)
+    else:
+        expected = f"{len(target.groups)} param group(s)"
+        report.top("group-count", expected, f"{len(groups)}", slot="param_groups", fatal=True)
+        report.matches += _unpaired_matches(target, groups, ids)
+    _entries(target, state, report)
+    _orphans(state, ids, report)
+    return report
+
+
+def check_whole(state_dict: Any) -> Report:
+    """The checks of :func:`check` that need no target, over a whole state dict.
+
+    For an optimizer made of sub-optimizers, which checks its parts itself:
+    top-level keys and types, id types, duplicate ids and names across all
+    groups, and state entries of no listed id (``orphan-state``).
+
+    Args:
+        state_dict: the candidate.
+
+    Returns:
+        The report (no matches); ``fatal`` when the structure is broken.
+    """
+    report = Report()
+    parts = _top(state_dict, report)
+    if parts is not None:
+        state, groups = parts
+        _orphans(state, _group_ids(groups, report), report)
+    return report
+
+
+def _paired_groups(
+    target: Target, groups: Sequence[Mapping[str, Any]], ids: list[list[Any]], report: Report
+) -> None:
+    """Rule 1 of the module docstring: group i of the dict is group i of the target."""
     offset = 0
     for index, (tgroup, sgroup) in enumerate(zip(target.groups, groups, strict=True)):
         report.matches += _match_group(index, tgroup, sgroup, ids[index], offset, report)
         _group_keys(target, index, tgroup, sgroup, report)
         offset += len(tgroup.params)
-    if report.fatal:
-        return report
-    _entries(target, state, report)
-    _orphans(state, ids, report)
-    return report
+
+
+def _unpaired_matches(
+    target: Target, groups: Sequence[Mapping[str, Any]], ids: list[list[Any]]
+) -> list[Match]:
+    """Rules 2-4 of the module docstring, for a dict with the wrong number of groups."""
+    places = _places(target)
+    flat = [i for group_ids in ids for i in group_ids]
+    saved_names = [_valid_names(_saved_names(g), len(i)) for g, i in zip(groups, ids, strict=True)]
+    if all(t.names is not None for t in target.groups) and all(n is not None for n in saved_names):
+        by_name = _unique_pairs([n for names in saved_names for n in names or ()], flat)
+        return [
+            Match(g, by_name[label], position, label)
+            for position, (g, label) in enumerate(places)
+            if label in by_name
+        ]
+    if len(flat) == len(places):
+        return [Match(g, flat[k], k, label) for k, (g, label) in enumerate(places)]
+    return _index_pairs(target, ids, places)
+
+
+def _places(target: Target) -> list[tuple[int, str]]:
+    """``(group, label)`` of every target parameter in order; label: name, else ``#position``."""
+    places: list[tuple[int, str]] = []
+    for index, tgroup in enumerate(target.groups):
+        names = tgroup.names or [f"#{len(places) + k}" for k in range(len(tgroup.params))]
+        places += [(index, name) for name in names]
+    return places
+
+
+def _unique_pairs(names: list[Any], ids: list[Any]) -> dict[str, Any]:
+    """``{name: id}`` for names listed once (a repeated name maps to nothing)."""
+    counts: dict[Any, int] = {}
+    for name in names:
+        if isinstance(name, str):
+            counts[name] = counts.get(name, 0) + 1
+    return {n: i for n, i in zip(names, ids, strict=True) if counts.get(n) == 1}
+
+
+def _index_pairs(
+    target: Target, ids: list[list[Any]], places: list[tuple[int, str]]
+) -> list[Match]:
+    matches, offset = [], 0
+    for index, (tgroup, group_ids) in enumerate(zip(target.groups, ids, strict=False)):
+        if len(group_ids) == len(tgroup.params):
+            for k, saved_id in enumerate(group_ids):
+                matches.append(Match(index, saved_id, offset + k, places[offset + k][1]))
+        offset += len(tgroup.params)
+    return matches
 
 
 def _top(state_dict: Any, report: Report) -> tuple[Mapping[Any, Any], Sequence[Any]] | None:
@@ -177,37 +275,52 @@ def _top(state_dict: Any, report: Report) -> tuple[Mapping[Any, Any], Sequence[A
     return None if report.fatal else (state, groups)
 
 
-def _group_ids(
-    target: Target, groups: Sequence[Mapping[str, Any]], report: Report
-) -> list[list[Any]] | None:
-    if len(groups) != len(target.groups):
-        expected = f"{len(target.groups)} param group(s)"
-        report.top("group-count", expected, f"{len(groups)}", slot="param_groups", fatal=True)
-        return None
-    ids = [_ids_of(index, group, report) for index, group in enumerate(groups)]
-    _duplicates([i for group_ids in ids for i in group_ids], "duplicate-id", "params", report)
+def _group_ids(groups: Sequence[Mapping[str, Any]], report: Report) -> list[list[Any]]:
+    """Each group's ids (ill-typed ones kept, in place, and reported); duplicates reported."""
+    ids: list[list[Any]] = []
+    for index, group in enumerate(groups):
+        ids.append(_ids_of(index, group, sum(map(len, ids)), report))
+    _duplicates(
+        [i for group_ids in ids for i in group_ids if _is_id(i)], "duplicate-id", "params", report
+    )
     names = [
         n for index, g in enumerate(groups) for n in _names_of(index, g, len(ids[index]), report)
     ]
     _duplicates(names, "duplicate-name", "param_names", report)
-    return None if report.fatal else ids
+    return ids
 
 
-def _ids_of(index: int, group: Mapping[str, Any], report: Report) -> list[Any]:
+def _ids_of(index: int, group: Mapping[str, Any], offset: int, report: Report) -> list[Any]:
     params = group.get("params")
-    if not isinstance(params, (list, tuple)) or not all(_is_id(p) for p in params):
+    if not isinstance(params, (list, tuple)):
         found = describe(params)
         report.problems.append(
             Problem(index, "", "params", "type", "a list of int (or str) ids", found)
         )
         report.fatal = True
         return []
+    names = _saved_names(group)
+    for k, value in enumerate(params):
+        if not _is_id(value):
+            label = _saved_label(names, k, offset)
+            expected = "an int (or str) id, as in a list of int (or str) ids"
+            report.problems.append(
+                Problem(index, label, "params", "type", expected, describe(value))
+            )
+            report.fatal = True
     return list(params)
 
 
 def _is_id(value: Any) -> bool:
     """Torch writes int ids; torch.distributed.checkpoint passes parameter names (str)."""
     return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def _saved_label(names: list[Any] | None, k: int, offset: int) -> str:
+    """The k-th saved parameter's name if the group names it, else ``#position``."""
+    if names is not None and k < len(names) and isinstance(names[k], str):
+        return str(names[k])
+    return f"#{offset + k}"
 
 
 def _names_of(index: int, group: Mapping[str, Any], size: int, report: Report) -> list[str]:
@@ -231,9 +344,9 @@ def _duplicates(values: list[Any], kind: str, slot: str, report: Report) -> None
         seen.add(value)
 
 
-def _saved_names(sgroup: Mapping[str, Any]) -> list[str] | None:
+def _saved_names(sgroup: Mapping[str, Any]) -> list[Any] | None:
     names = sgroup.get("param_names")
-    return list(names) if names is not None else None
+    return list(names) if isinstance(names, (list, tuple)) else None
 
 
 def _match_group(
@@ -244,7 +357,7 @@ def _match_group(
     offset: int,
     report: Report,
 ) -> list[Match]:
-    saved_names = _saved_names(sgroup)
+    saved_names = _valid_names(_saved_names(sgroup), len(ids))
     names = tgroup.names
     if names is not None and saved_names is not None and len(set(names)) == len(names):
         return _match_by_name(
@@ -257,6 +370,13 @@ def _match_group(
         return []
     labels = names or saved_names or [f"#{offset + i}" for i in range(len(ids))]
     return [Match(index, sid, offset + i, labels[i]) for i, sid in enumerate(ids)]
+
+
+def _valid_names(names: list[Any] | None, size: int) -> list[str] | None:
+    """Saved names usable for matching: ``size`` distinct strings, else None."""
+    if names is None or len(names) != size or not all(isinstance(n, str) for n in names):
+        return None
+    return names if len(set(names)) == size else None
 
 
 def _match_by_name(
@@ -368,7 +488,7 @@ def _entries(target: Target, state: Mapping[Any, Any], report: Report) -> None:
     found_slots: set[str] = set()
     unexpected: set[str] = set()
     for match in report.matches:
-        if match.saved_id not in state:
+        if not _is_id(match.saved_id) or match.saved_id not in state:
             continue
         entry = state[match.saved_id]
         if not isinstance(entry, Mapping):
@@ -449,7 +569,7 @@ def _foreign(target: Target, found: set[str], report: Report) -> None:
 
 
 def _orphans(state: Mapping[Any, Any], ids: list[list[Any]], report: Report) -> None:
-    known = {i for group_ids in ids for i in group_ids}
+    known = {i for group_ids in ids for i in group_ids if _is_id(i)}
     for key in state:
         if not (_is_id(key) and key in known):
             label = f"#{key}" if _is_id(key) else describe(key)

@@ -11,7 +11,12 @@ tensor), and only then swaps them in, so a failure leaves the optimizer
 exactly as it was. An optimizer composed of sub-optimizers validates and
 loads its own state dicts through two methods (:data:`COMPOSITE_VALIDATE`,
 :data:`COMPOSITE_LOAD`), typically by splitting the dict and calling these
-functions per sub-optimizer.
+functions per sub-optimizer. The checks that need no target run here first,
+on the whole dict (:func:`~optiplug._state.check.check_whole`: top-level
+keys, id types, duplicate ids across all groups, orphan state): their
+problems are added to the composite's, and a fatal one (broken structure,
+an ill-typed or duplicated id) refuses the load before the composite is
+called, so it only ever loads a dict whose ids are distinct ints (or str).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .._core.params import GROUP_META_KEYS
 from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
-from .check import Report, Target, TargetGroup, check, kept_keys
+from .check import Report, Target, TargetGroup, check, check_whole, kept_keys
 from .values import ParamInfo, describe, truthy
 
 __all__ = [
@@ -113,10 +118,30 @@ def validate_state_dict(
     """
     own = getattr(optimizer, COMPOSITE_VALIDATE, None)
     if callable(own):
-        return sorted(own(state_dict))
+        return sorted(_composite_problems(own, state_dict)[0])
     registry = registry if registry is not None else registry_of(optimizer)
     spec = spec_of(optimizer, registry)
     return sorted(_report(optimizer, spec, registry, state_dict).problems)
+
+
+def _composite_problems(own: Any, state_dict: Any) -> tuple[list[Problem], bool]:
+    """The whole-dict problems plus the composite's own; whether the structure is broken.
+
+    The composite is not asked when the dict is not even a mapping of
+    ``state`` and ``param_groups`` (nothing in it could be checked).
+    """
+    whole = check_whole(state_dict)
+    if whole.fatal and not _has_top_structure(state_dict):
+        return whole.problems, True
+    return whole.problems + list(own(state_dict)), whole.fatal
+
+
+def _has_top_structure(state_dict: Any) -> bool:
+    return (
+        isinstance(state_dict, Mapping)
+        and isinstance(state_dict.get("state"), Mapping)
+        and isinstance(state_dict.get("param_groups"), (list, tuple))
+    )
 
 
 def _report(optimizer: Any, spec: OptimizerSpec, registry: Registry, state_dict: Any) -> Report:
@@ -182,10 +207,7 @@ def load_state_dict(
     """
     own = getattr(optimizer, COMPOSITE_LOAD, None)
     if callable(own):
-        skipped: list[Problem] = own(
-            state_dict, strict=strict, extra_problems=tuple(extra_problems)
-        )
-        return skipped
+        return _load_composite(optimizer, own, state_dict, strict, list(extra_problems))
     registry = registry if registry is not None else registry_of(optimizer)
     state_dict = _pre_hooks(optimizer, state_dict)
     spec = spec_of(optimizer, registry)
@@ -198,6 +220,25 @@ def load_state_dict(
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)
     return sorted(([] if strict else report.problems) + report.changed)
+
+
+def _load_composite(
+    optimizer: Any, own: Any, state_dict: Any, strict: bool, extra: list[Problem]
+) -> list[Problem]:
+    """Refuse a dict whose whole-dict structure is broken, else let the composite load it."""
+    whole = check_whole(state_dict)
+    if whole.fatal:
+        validate = getattr(optimizer, COMPOSITE_VALIDATE, None)
+        problems = _composite_problems(validate, state_dict)[0] if callable(validate) else []
+        name = getattr(type(optimizer), "algorithm", type(optimizer).__name__)
+        header = (
+            f"cannot load this state dict into {name} (its structure is wrong); nothing was changed"
+        )
+        raise StateDictError(sorted(problems + extra), header=header)
+    skipped: list[Problem] = own(
+        state_dict, strict=strict, extra_problems=tuple(whole.problems + extra)
+    )
+    return skipped
 
 
 def _header(spec: OptimizerSpec, strict: bool, report: Report) -> str:

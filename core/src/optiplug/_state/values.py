@@ -136,13 +136,25 @@ def slot_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding
         )
     dtype = _dtype_finding(slot, value, param)
     if dtype is not None:
-        return [*found, dtype]
+        return [*found, dtype, *_device_findings(value)]
     return found + constraint_findings(slot.constraints, value)
 
 
+def _device_findings(value: torch.Tensor) -> list[Finding]:
+    """A meta tensor has no data: it can be neither checked nor loaded."""
+    if value.device.type == "meta":
+        return [("device", "a tensor with data (not on the meta device)", "meta")]
+    return []
+
+
 def constraint_findings(constraints: tuple[str, ...], value: torch.Tensor) -> list[Finding]:
-    """Check ``finite``, ``non_negative`` and ``integral`` constraints on a tensor."""
-    if value.device.type == "meta" or value.numel() == 0 or not _floating(value.dtype):
+    """Check ``finite``, ``non_negative`` and ``integral`` constraints on a tensor.
+
+    A meta tensor (no data) is a ``device`` finding instead.
+    """
+    if value.device.type == "meta":
+        return _device_findings(value)
+    if value.numel() == 0 or not _floating(value.dtype):
         return []
     found: list[Finding] = []
     finite = torch.isfinite(value)
@@ -188,10 +200,10 @@ def generic_findings(value: Any, param: ParamInfo) -> list[Finding]:
         expected = f"{_shape_text(param.shape)} (the parameter's shape) or [] (a scalar)"
         return [("shape", expected, _shape_text(shape))]
     if not _floating(value.dtype):
-        return [("dtype", "a floating dtype", _dtype_name(value.dtype))]
+        return [("dtype", "a floating dtype", _dtype_name(value.dtype)), *_device_findings(value)]
     if shape == param.shape and shape and _floating(param.dtype) and value.dtype != param.dtype:
         expected = f"{_dtype_name(param.dtype)} (the parameter's dtype)"
-        return [("dtype", expected, _dtype_name(value.dtype))]
+        return [("dtype", expected, _dtype_name(value.dtype)), *_device_findings(value)]
     return constraint_findings(("finite",), value)
 
 

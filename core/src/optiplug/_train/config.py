@@ -17,6 +17,7 @@ import attrs
 from ..errors import HyperparameterError, OptiplugError
 
 __all__ = [
+    "NONFINITE_POLICIES",
     "RESUMABLE_FIELDS",
     "RUN_FILE",
     "SAVED_DEFAULTS",
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 RUN_FILE = "train.json"
+NONFINITE_POLICIES = ("stop", "skip")
 _RUN_FILE_VERSION = 1
 
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -54,6 +56,13 @@ def _optional(minimum: int) -> _Validator:
 def _check_lr(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
         raise HyperparameterError(attribute.name, value, "must be a number > 0", algorithm="train")
+
+
+def _check_policy(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in NONFINITE_POLICIES:
+        raise HyperparameterError(
+            attribute.name, value, "must be 'stop' or 'skip'", algorithm="train"
+        )
 
 
 def _pairs(pairs: Iterable[Iterable[Any]]) -> tuple[tuple[str, Any], ...]:
@@ -94,6 +103,8 @@ class TrainConfig:
         nproc: processes (torch.distributed, gloo); each gets ``batch_size / nproc``.
         threads: torch intra-op threads (per process); None keeps torch's default
             (with ``nproc``: the CPU count divided among the processes).
+        nonfinite: ``"stop"`` the run on a non-finite loss (keeping the last
+            good checkpoint), or ``"skip"`` such batches (``Graph.set_nonfinite_policy``).
     """
 
     steps: int = attrs.field(default=500, validator=_at_least(1))
@@ -123,6 +134,7 @@ class TrainConfig:
     stop_at: int | None = attrs.field(default=None, validator=_optional(1))
     nproc: int = attrs.field(default=1, validator=_at_least(1))
     threads: int | None = attrs.field(default=None, validator=_optional(1))
+    nonfinite: str = attrs.field(default="stop", validator=_check_policy)
 
     def __attrs_post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -176,7 +188,7 @@ RESUMABLE_FIELDS = (
 )
 """Options a resumed run takes from ``train.json`` and may not change."""
 
-SAVED_DEFAULTS = ("threads", "save_every")
+SAVED_DEFAULTS = ("threads", "save_every", "nonfinite")
 """Options a resumed run takes from ``train.json`` unless given (the thread count
 changes the order of float sums, so keeping it keeps a resumed run bit-identical)."""
 
@@ -204,16 +216,18 @@ def run_file_payload(config: TrainConfig, vocab: str, step: int) -> dict[str, An
 
 
 def read_run_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``train.json`` a saved run left in ``directory``.
+    """The ``train.json`` a saved run left in ``directory``, checked.
 
     Args:
         directory: a directory written by ``optiplug train --save``.
 
     Returns:
-        ``{"format", "step", "steps", "options", "vocab"}``.
+        ``{"format", "step", "steps", "options", "vocab"}``; ``options`` holds
+        every run-defining field and no unknown one.
 
     Raises:
-        OptiplugError: no readable ``train.json`` (not a directory written by ``--save``).
+        OptiplugError: no readable ``train.json`` (not a directory written by
+            ``--save``), or one that lacks a key (naming the file and the key).
     """
     path = Path(directory) / RUN_FILE
     try:
@@ -225,4 +239,27 @@ def read_run_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != _RUN_FILE_VERSION:
         raise OptiplugError(f"--resume {str(directory)!r}: unknown {RUN_FILE} format")
+    _check_run_file(payload, path)
     return payload
+
+
+_RUN_FILE_KEYS: dict[str, type] = {"steps": int, "options": dict, "vocab": str}
+
+
+def _check_run_file(payload: dict[str, Any], path: Path) -> None:
+    """Refuse a ``train.json`` missing a key, or with options a run cannot take."""
+    for key, kind in _RUN_FILE_KEYS.items():
+        if not isinstance(payload.get(key), kind):
+            found = "is missing" if key not in payload else f"is not a {kind.__name__}"
+            raise OptiplugError(f"--resume: {path}: key {key!r} {found}; the file is damaged")
+    options = payload["options"]
+    missing = [name for name in RESUMABLE_FIELDS if name not in options]
+    unknown = sorted(set(options) - set(RESUMABLE_FIELDS) - set(SAVED_DEFAULTS))
+    if missing or unknown:
+        what = f"lacks {', '.join(map(repr, missing))}" if missing else f"has unknown {unknown}"
+        raise OptiplugError(f"--resume: {path}: key 'options' {what}; the file is damaged")
+    pairs = options["schedule_params"]
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise OptiplugError(
+            f"--resume: {path}: options.schedule_params is not a list of [key, value] pairs"
+        )

@@ -19,7 +19,7 @@ from .._core import ranks as _ranks
 from .._core.create import OptimizerFactory
 from .._core.registry import Registry
 from .._graph.graph import Graph
-from ..errors import HyperparameterError, OptiplugError
+from ..errors import GraphError, HyperparameterError, OptiplugError
 from .checkpoints import require_checkpoints, resume_run, save_run
 from .config import TrainConfig
 from .data import Corpus, Windows, load_corpus, spread, unigram_entropy, windows
@@ -64,6 +64,7 @@ def build_graph(
         n_head=config.n_head,
     )
     graph = Graph(model, device=config.device, seed=config.seed)
+    graph.set_nonfinite_policy(config.nonfinite)
     graph.set_scheduler(make_schedule(config, registry))
     chosen = resolve_optimizer(config.optimizer, model, registry, lr=config.lr, impl=config.impl)
     graph.set_optimizer(chosen)
@@ -159,14 +160,15 @@ def _epoch(graph: Graph, n: int) -> Generator[Mapping[str, Any], None, None]:
 
 
 def _steps(graph: Graph, last_step: int) -> Iterator[torch.Tensor]:
-    """Train until ``last_step``, yielding each step's loss (after the step)."""
+    """Train until ``last_step``, yielding each step's loss (after the step; skipped ones not)."""
     while graph.training_step < last_step:
         with contextlib.closing(_epoch(graph, graph.data_position[0])) as batches:
             for batch in batches:
                 logits = graph.forward_batch(batch)
                 loss = next_token_loss(logits, graph.targets(batch)["targets"])
                 graph.backward(loss)
-                graph.step()
+                if not graph.step():
+                    continue  # skipped for a non-finite loss (--nonfinite skip)
                 yield loss.detach()
                 if graph.training_step >= last_step:
                     return
@@ -188,17 +190,50 @@ def _loop(
     curves = _Curves()
     if evaluator.active:
         evaluator.point(graph.training_step, curves, progress)
-    for loss in _steps(graph, config.last_step):
-        step, value = graph.training_step, float(loss)
-        curves.train.append((step, value))
-        progress.update(step, value, _lr(graph))
-        if evaluator.due(step) and step != curves.val[-1][0]:
-            evaluator.point(step, curves, progress)
-        if config.save and config.save_every and step % config.save_every == 0:
-            save_run(graph, config, corpus)
-            curves.saved_at = step
+    try:
+        for loss in _steps(graph, config.last_step):
+            _after_step(graph, config, corpus, float(loss), (evaluator, progress, curves))
+    except GraphError as error:  # a non-finite loss, gradient or state: nothing more is saved
+        progress.close()
+        raise OptiplugError(_stopped(error, config, curves)) from error
     progress.close()
     return curves
+
+
+def _after_step(
+    graph: Graph,
+    config: TrainConfig,
+    corpus: Corpus,
+    loss: float,
+    tracking: tuple[_Evaluator, Progress, _Curves],
+) -> None:
+    """Record the step's loss, evaluate and save when due."""
+    evaluator, progress, curves = tracking
+    step = graph.training_step
+    curves.train.append((step, loss))
+    progress.update(step, loss, _lr(graph))
+    if evaluator.due(step) and step != curves.val[-1][0]:
+        evaluator.point(step, curves, progress)
+    if config.save and config.save_every and step % config.save_every == 0:
+        save_run(graph, config, corpus)
+        curves.saved_at = step
+
+
+def _stopped(error: GraphError, config: TrainConfig, curves: _Curves) -> str:
+    """Why the run stopped, where its last good checkpoint is, and what to try."""
+    if curves.saved_at is not None:
+        kept = (
+            f"the last good checkpoint, step {curves.saved_at}, is in {config.save} "
+            f"(--resume {config.save})"
+        )
+    elif config.resume:
+        kept = f"the checkpoint it resumed from, in {config.resume}, is untouched"
+    else:
+        kept = "nothing was saved" if config.save else "nothing is saved without --save"
+    hint = "lower --lr" + (
+        "" if config.nonfinite == "skip" else ", or skip such batches with --nonfinite skip"
+    )
+    return f"training stopped: {error}; {kept}; {hint}"
 
 
 # ------------------------------------------------------------------ results
@@ -238,6 +273,7 @@ def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) 
         "sample": corpus.decode(ids),
         "prompt": prompt,
         "saved": config.save,
+        "skipped": graph.skipped_steps,
     }
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import OptiplugError
+
 __all__ = ["CharTransformer", "generate", "mean_loss", "next_token_loss"]
 
 _EVAL_BATCH = 128
@@ -135,6 +137,10 @@ def generate(
 
     Returns:
         The ids generated after the prompt.
+
+    Raises:
+        OptiplugError: the model's logits are not finite (its weights hold NaN
+            or inf), so there is no distribution to sample from.
     """
     was_training = module.training
     module.eval()
@@ -144,6 +150,11 @@ def generate(
     for _ in range(length):
         context = torch.tensor([ids[-module.block_size :]], device=device)
         logits = module(context)[0, -1].float().cpu()
+        if not bool(torch.isfinite(logits).all()):
+            raise OptiplugError(
+                "cannot sample: the model's next-character logits are not finite "
+                "(its weights hold NaN or inf)"
+            )
         if temperature <= 0:
             ids.append(int(logits.argmax()))
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..cli.schedule import parse_param
 from ..errors import OptiplugError
-from .config import RESUMABLE_FIELDS, TrainConfig, read_run_file
+from .config import NONFINITE_POLICIES, RESUMABLE_FIELDS, TrainConfig, read_run_file
 
 __all__ = ["DEFAULT_PLOT", "config_from_args", "configure"]
 
@@ -44,6 +44,7 @@ _FIELDS = {
     "stop_at": "stop_at",
     "nproc": "nproc",
     "threads": "threads",
+    "nonfinite": "nonfinite",
 }
 """Command-line destination -> :class:`~optiplug._train.config.TrainConfig` field."""
 
@@ -151,6 +152,12 @@ def _add_process_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="torch threads per process (default: torch's own; 1 is often faster on a busy machine)",
+    )
+    process.add_argument(
+        "--nonfinite",
+        choices=NONFINITE_POLICIES,
+        help="on a NaN or inf loss: stop the run, keeping the last good checkpoint (default), "
+        "or skip that batch's update",
     )
 
 

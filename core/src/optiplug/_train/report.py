@@ -190,6 +190,8 @@ def report(result: TrainResult, config: TrainConfig) -> str:
         "",
         _loss_table(result),
     ]
+    if result.skipped:
+        lines += ["", f"skipped {result.skipped} step(s) whose loss or gradient was not finite"]
     if result.saved:
         lines += ["", f"saved to {result.saved}"]
     if result.sample:

@@ -34,6 +34,7 @@ class TrainResult:
         prompt: the sample's prompt.
         saved: where the run saved its checkpoint, or None.
         reason: why ``AutoOptimizer`` chose the optimizer (``--optimizer auto``).
+        skipped: steps skipped for a non-finite loss (``--nonfinite skip``).
     """
 
     optimizer: str
@@ -53,6 +54,7 @@ class TrainResult:
     prompt: str
     saved: str | None = None
     reason: str = ""
+    skipped: int = 0
 
 
 @attrs.frozen

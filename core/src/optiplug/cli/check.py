@@ -2,7 +2,7 @@
 
 Exit status 0 when the checkpoint is intact and its state valid, 1 when it
 is missing, truncated, tampered with or holds invalid state (the reason is
-printed). Importing this module does not import torch.
+printed: on one line for a damaged checkpoint, naming the file). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         info = verify(args.path, registry=args.registry)
     except CheckpointError as error:
-        print(f"{args.path}: INVALID checkpoint\n  {error}")
+        print(f"{args.path}: INVALID checkpoint: {_one_line(error)}")
         return 1
     verdict = "OK" if not info.problems else f"INVALID state ({len(info.problems)} problem(s))"
     print(f"{args.path}: {verdict}")
@@ -56,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"  - {problem}" for problem in info.problems))
         return 1
     return 0
+
+
+def _one_line(error: Exception) -> str:
+    """The error's message on one line (a crafted file may put line breaks in it)."""
+    return " ".join(str(error).split())
 
 
 def describe_checkpoint(info: CheckpointInfo, rows: int | None = _ROWS) -> str:

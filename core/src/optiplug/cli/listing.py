@@ -69,7 +69,7 @@ def listing(registry: Registry) -> Listing:
     return {
         "optimizers": [_optimizer_record(registry, spec) for spec in registry.optimizer_specs()],
         "schedules": [_schedule_record(spec) for spec in registry.schedule_specs()],
-        "rules": [_rule_record(p) for p in plugins if f"rule:{p['name']}" in p["provides"]],
+        "rules": [_rule_record(p) for p in plugins if _has_active_rule(p)],
         "plugins": plugins,
     }
 
@@ -91,6 +91,11 @@ def _schedule_record(spec: ScheduleSpec) -> dict[str, Any]:
         **_provider_fields(spec),
         "summary": spec.summary,
     }
+
+
+def _has_active_rule(plugin: dict[str, Any]) -> bool:
+    """Whether ``plugin`` is active and has a selection rule (a failed rule is not listed)."""
+    return plugin["status"] == "active" and f"rule:{plugin['name']}" in plugin["provides"]
 
 
 def _rule_record(plugin: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +121,19 @@ def _provider_fields(spec: OptimizerSpec | ScheduleSpec) -> dict[str, str]:
 def _implementation_names(registry: Registry, spec: OptimizerSpec) -> list[str]:
     provider = _provider(spec).plugin
     return [i.name for i in registry.implementations(spec.name, provider=provider)]
+
+
+def _implementations_line(registry: Registry, spec: OptimizerSpec) -> str:
+    """``"foreach, fused, loop, turbo (failed: RuntimeError: ...)"``, for ``show``.
+
+    An implementation this process skipped because it raised is marked failed.
+    """
+    failed = registry.implementation_failures(spec.name, provider=_provider(spec).plugin)
+    names = [
+        name + (f" (failed: {failed[name]})" if name in failed else "")
+        for name in _implementation_names(registry, spec)
+    ]
+    return ", ".join(names) or "-"
 
 
 def _list_rows(found: Listing) -> list[list[str]]:
@@ -175,7 +193,7 @@ def show_optimizer(registry: Registry, spec: OptimizerSpec) -> str:
     lines = [f"{spec.name} - {spec.summary}", f"provider: {spec.provider}"]
     if spec.aliases:
         lines.append(f"aliases: {', '.join(spec.aliases)}")
-    lines.append(f"implementations: {', '.join(_implementation_names(registry, spec)) or '-'}")
+    lines.append(f"implementations: {_implementations_line(registry, spec)}")
     rows = [[h.name, repr(h.default), h.constraint or "-"] for h in spec.hyperparameters]
     lines += [
         "",

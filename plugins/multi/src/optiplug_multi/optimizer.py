@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -172,7 +171,13 @@ class MultiOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": groups}
 
     def optiplug_validate_state_dict(self, state_dict: Any) -> list[Problem]:
-        """Every problem loading ``state_dict`` would hit: routing, then each route's own rules."""
+        """Every problem of the routes: routing, then each route's own rules.
+
+        Called by ``optiplug.validate_state_dict``, which adds the checks of
+        the whole dict (top-level keys, id types, ids listed twice, even by
+        two routes, orphan state); each route's part holds the entries of
+        its listed ids, so a duplicated id is checked in every route.
+        """
         problems, parts = self._split(state_dict)
         for route, part in parts.items():
             for problem in optiplug.validate_state_dict(self._optimizers[route], part):
@@ -183,6 +188,12 @@ class MultiOptimizer(torch.optim.Optimizer):
         self, state_dict: Any, *, strict: bool = True, extra_problems: Iterable[Problem] = ()
     ) -> list[Problem]:
         """Validate every route, then load them all, or nothing.
+
+        Called by ``optiplug.load_state_dict``, which has refused a dict whose
+        whole structure is broken (ill-typed or duplicated ids) and passes the
+        rest of its whole-dict problems as ``extra_problems``. If a route
+        fails after validation, every route gets back, by plain copy, the
+        state and param groups it had (see :func:`_snapshot`).
 
         Raises:
             StateDictError: any problem (``strict=True``), or a routing problem;
@@ -196,21 +207,21 @@ class MultiOptimizer(torch.optim.Optimizer):
                 header="cannot load this state dict into multi; nothing was changed",
             )
         _, parts = self._split(state_dict)
-        before = {route: copy.deepcopy(opt.state_dict()) for route, opt in self._optimizers.items()}
-        notes: list[Problem] = []
+        before = {route: _snapshot(opt) for route, opt in self._optimizers.items()}
+        notes: list[Problem] = [] if strict else list(extra_problems)
         try:
             for route, part in parts.items():
                 found = optiplug.load_state_dict(self._optimizers[route], part, strict=strict)
                 notes += [_in_route(route, p) for p in found]
-        except Exception:
-            for route, saved in before.items():
-                optiplug.load_state_dict(self._optimizers[route], saved)
+        except BaseException:
+            for route, snapshot in before.items():
+                _restore(self._optimizers[route], snapshot)
             raise
         return sorted(notes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict from :meth:`state_dict`, all-or-nothing (see ``optiplug.load_state_dict``)."""
-        self.optiplug_load_state_dict(state_dict, strict=True)
+        optiplug.load_state_dict(self, state_dict, strict=True)
 
     def _split(self, state_dict: Any) -> tuple[list[Problem], dict[str, dict[str, Any]]]:
         problems = _structure_problems(state_dict)
@@ -343,21 +354,52 @@ def _structure_problems(state_dict: Any) -> list[Problem]:
     return []
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
 def _part(state: Mapping[Any, Any], groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One route's state dict, renumbered from 0 as its sub-optimizer numbers it."""
-    ids = [i for group in groups for i in group["params"]]
-    local = {saved: position for position, saved in enumerate(ids)}
-    part_groups = [
-        {
-            **{k: v for k, v in g.items() if k not in _ROUTING_KEYS},
-            "params": [local[i] for i in g["params"]],
-        }
-        for g in groups
-    ]
-    return {
-        "state": {local[i]: slots for i, slots in state.items() if i in local},
-        "param_groups": part_groups,
-    }
+    """One route's state dict, numbered from 0 by position, as its sub-optimizer numbers it.
+
+    Each position gets the entry of the id listed there (an id listed twice:
+    both positions); ill-typed ids (reported on the whole dict) get none.
+    """
+    part_state: dict[int, Any] = {}
+    part_groups: list[dict[str, Any]] = []
+    for group in groups:
+        start = sum(len(g["params"]) for g in part_groups)
+        local = list(range(start, start + len(group["params"])))
+        for saved, position in zip(group["params"], local, strict=True):
+            if _is_id(saved) and saved in state:
+                part_state[position] = state[saved]
+        kept = {k: v for k, v in group.items() if k not in _ROUTING_KEYS}
+        part_groups.append({**kept, "params": local})
+    return {"state": part_state, "param_groups": part_groups}
+
+
+_Snapshot = tuple[dict[str, Any], list[tuple[dict[Any, Any], dict[Any, Any]]]]
+
+
+def _snapshot(optimizer: torch.optim.Optimizer) -> _Snapshot:
+    """The optimizer's attributes, and the contents of its state entries and group dicts.
+
+    Loading never writes into existing tensors (it builds copies and swaps
+    them in), so restoring these containers restores the optimizer bit for
+    bit, without validating anything.
+    """
+    containers: list[dict[Any, Any]] = [optimizer.state, *optimizer.state.values()]
+    containers += optimizer.param_groups
+    return dict(optimizer.__dict__), [(c, dict(c)) for c in containers]
+
+
+def _restore(optimizer: torch.optim.Optimizer, snapshot: _Snapshot) -> None:
+    """Put a :func:`_snapshot` back: the same objects, with the same contents."""
+    attributes, containers = snapshot
+    optimizer.__dict__.clear()
+    optimizer.__dict__.update(attributes)
+    for container, contents in containers:
+        container.clear()
+        container.update(contents)
 
 
 def _in_route(route: str, problem: Problem) -> Problem:

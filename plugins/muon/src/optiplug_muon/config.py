@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import attrs
@@ -107,20 +106,43 @@ def ns_dtype_name(value: Any) -> str | None:
     return name
 
 
+def _finite_float(value: Any) -> bool:
+    """An int or float (not a bool) that converts to a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+_GRID = tuple(i / 64 for i in range(1, 65))
+
+
+def _keeps_singular_values(a: float, b: float, c: float) -> bool:
+    """Whether p(x) = ax + bx³ + cx⁵ maps (0, 1] into (0, 2) (sampled on 64 points).
+
+    Newton-Schulz applies p to singular values normalised into (0, 1]; a
+    polynomial leaving that range flips or blows them up (non-finite steps).
+    """
+    return all(0 < a * x + b * x**3 + c * x**5 < 2 for x in _GRID)
+
+
 def _coefficients(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    ok = isinstance(value, tuple) and len(value) == 3
-    if ok:
-        ok = all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-            for v in value
-        )
+    ok = isinstance(value, tuple) and len(value) == 3 and all(_finite_float(v) for v in value)
     if not ok:
         raise HyperparameterError(attribute.name, value, "must be three finite numbers (a, b, c)")
+    if not _keeps_singular_values(*map(float, value)):
+        reason = "ax + bx^3 + cx^5 must map (0, 1] into (0, 2), or Newton-Schulz diverges"
+        raise HyperparameterError(attribute.name, value, reason)
 
 
-def _one_of(*choices: Any) -> Any:
+def _one_of(*choices: str | None) -> Any:
+    """Accept exactly one of ``choices`` (a string equal to one, or None if listed)."""
+
     def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value not in choices:
+        ok = value is None if value is None else isinstance(value, str) and value in choices
+        if not ok or (value is None and None not in choices):
             raise HyperparameterError(attribute.name, value, f"must be one of {choices}")
 
     return check
