@@ -1,12 +1,15 @@
 """One rank of a 2-process gloo training run, driven by tests/test_graph_distributed.py.
 
-Usage: ``python ddp_worker.py RANK WORLD OUT_DIR STEPS [--die-after K] [--save-every K]``.
+Usage: ``python ddp_worker.py RANK WORLD OUT_DIR STEPS [--die-after K] [--save-every K]
+[--accumulate K] [--clip MAX_NORM]``.
 The ranks meet through a file store in OUT_DIR (no TCP port to race for).
 Each rank trains the same seeded model with Graph (which wraps DDP and shards
 the loader), then writes its final parameters to ``OUT_DIR/rank{RANK}.pt``
 and how it chose the optimizer's implementation to ``OUT_DIR/choice{RANK}.json``.
 ``--die-after K`` makes rank 1 kill itself (SIGKILL) after K steps;
-``--save-every K`` saves a Graph checkpoint to ``OUT_DIR/ckpt`` every K steps.
+``--save-every K`` saves a Graph checkpoint to ``OUT_DIR/ckpt`` every K steps;
+``--clip`` clips the gradient norm (``Graph.set_grad_clip``) and writes the
+last norm to ``OUT_DIR/norm{RANK}.txt``.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def main() -> int:
     parser.add_argument("--die-after", type=int)
     parser.add_argument("--save-every", type=int)
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--clip", type=float)
     args = parser.parse_args()
     torch.distributed.init_process_group(
         "gloo",
@@ -123,10 +127,12 @@ def main() -> int:
     graph = optiplug.Graph(model(), accumulate=args.accumulate)
     syncs = count_gradient_syncs(graph)
     graph.set_optimizer("sgd", lr=0.05, momentum=0.9)
+    graph.set_grad_clip(args.clip)
     graph.set_data_loader(DataLoader(Lines(), batch_size=4), forward_input="x")
     train(graph, args.steps, args.die_after, args.save_every, args.out)
     torch.save([p.detach() for p in graph.parameters()], args.out / f"rank{args.rank}.pt")
     (args.out / f"syncs{args.rank}.txt").write_text(str(len(syncs)))
+    (args.out / f"norm{args.rank}.txt").write_text(repr(graph.last_grad_norm))
     choice = json.dumps(implementation_choices(graph))
     (args.out / f"choice{args.rank}.json").write_text(choice)
     shutdown(graph)

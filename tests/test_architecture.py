@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import base64
 import importlib
+import io
 import pickle
 import re
+import subprocess
 import sys
 import types
 import warnings
@@ -280,6 +282,97 @@ def test_an_old_module_path_warns_and_names_the_new_one() -> None:
     with pytest.warns(DeprecationWarning, match=r"optiplug\._core\.create"):
         old = importlib.import_module("optiplug._create")
     assert old.OptimizerFactory is optiplug.OptimizerFactory
+
+
+# ------------------------------------------------------------------ torch.load(weights_only=True)
+_PATHS_OF_0_1_0 = {
+    optiplug.OptimizerFactory: "optiplug._create",
+    optiplug.Selection: "optiplug._auto",
+    optiplug.CandidateReport: "optiplug._auto",
+    optiplug.Candidate: "optiplug._specs",
+    optiplug.ProviderInfo: "optiplug._specs",
+    optiplug.SelectionRequest: "optiplug._specs",
+    **{cls: "optiplug._schedules" for cls in optiplug.builtin_schedules.BUILTIN_SCHEDULES},
+}
+
+
+def _saved_by_0_1_0(obj: Any) -> io.BytesIO:
+    """``torch.save(obj)`` as optiplug 0.1.0 wrote it: its classes under their old paths."""
+    public = {cls: cls.__module__ for cls in _PATHS_OF_0_1_0}
+    saved = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for cls, old in _PATHS_OF_0_1_0.items():
+                importlib.import_module(old)
+                cls.__module__ = old
+            torch.save(obj, saved)
+    finally:
+        for cls, module in public.items():
+            cls.__module__ = module
+    assert b"optiplug._" in saved.getvalue()
+    saved.seek(0)
+    return saved
+
+
+def test_records_load_with_weights_only_and_work() -> None:
+    schedule = optiplug.schedule(
+        "sequence",
+        schedules=[
+            {"name": "linear_warmup", "warmup_steps": 2},
+            {"name": "cosine", "total_steps": 8},
+        ],
+        boundaries=[2],
+    )
+    selection = optiplug.AutoOptimizer.with_schedule(
+        optiplug.AutoOptimizer.for_model(torch.nn.Linear(4, 4), "text-classification"), schedule
+    )
+    checkpoint = {"factory": optiplug.factory("sgd", lr=0.5), "selection": selection}
+    saved = io.BytesIO()
+    torch.save(checkpoint, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=True)
+    assert loaded == checkpoint
+    assert loaded["factory"](_params()).param_groups[0]["lr"] == 0.5
+    assert isinstance(loaded["selection"](_params()), torch.optim.Optimizer)
+    assert loaded["selection"].schedule(3) == schedule(3)
+    assert isinstance(loaded["selection"].candidates[0].candidate.provider, optiplug.ProviderInfo)
+    assert "chosen" in loaded["selection"].explain()
+
+
+@pytest.mark.parametrize("text", [OLD_FACTORY, OLD_SCHEDULE, OLD_SELECTION])
+def test_checkpoints_of_0_1_0_load_with_weights_only(text: str) -> None:
+    obj = _old(text)
+    assert torch.load(_saved_by_0_1_0(obj), weights_only=True) == obj
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "imports",
+    ["import optiplug; import torch", "import torch; import optiplug", "import optiplug, torch"],
+)
+def test_a_fresh_process_loads_with_weights_only_in_either_import_order(
+    imports: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "checkpoint.pt"
+    torch.save(
+        {"factory": optiplug.factory("sgd", lr=0.5), "schedule": optiplug.schedule("constant")},
+        path,
+    )
+    script = (
+        f"{imports}\n"
+        "import sys\n"
+        f"loaded = torch.load({str(path)!r}, weights_only=True)\n"
+        "optimizer = loaded['factory']([torch.nn.Parameter(torch.zeros(2))])\n"
+        "print(optimizer.param_groups[0]['lr'], loaded['schedule'](5))\n"
+        "print(type(torch.__spec__.loader).__name__, torch.__loader__ is torch.__spec__.loader)\n"
+        "print(any('Torch' in type(finder).__name__ for finder in sys.meta_path))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.5", "1.0", "SourceFileLoader", "True", "False"]
 
 
 # ------------------------------------------------------------------ imports at the top

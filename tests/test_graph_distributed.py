@@ -51,31 +51,51 @@ def wait_all(processes: list[subprocess.Popen[str]], timeout: float) -> list[tup
     return results
 
 
-def single_process_reference(steps: int, accumulate: int = 1) -> list[torch.Tensor]:
-    """The same training on the global batches (both ranks' samples) in one process."""
+def single_process_reference(
+    steps: int, accumulate: int = 1, clip: float | None = None
+) -> tuple[list[torch.Tensor], float | None]:
+    """The same training on the global batches (both ranks' samples) in one process.
+
+    Returns the parameters and, with ``clip``, the last step's norm before clipping.
+    """
     model = ddp_worker.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = ddp_worker.Lines()
     global_batch = 8 * accumulate  # 2 ranks x 4 samples x micro-batches
+    norm = None
     for step in range(steps):
         start = (step * global_batch) % len(data)
         x, y = data.x[start : start + global_batch], data.y[start : start + global_batch]
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
+        if clip is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
         optimizer.step()
-    return [p.detach() for p in model.parameters()]
+    return [p.detach() for p in model.parameters()], norm
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_two_ranks_agree_and_equal_single_process_training(tmp_path: Path, accumulate: int) -> None:
+@pytest.mark.parametrize(("accumulate", "clip"), [(1, None), (2, None), (2, 1.0)])
+def test_two_ranks_agree_and_equal_single_process_training(
+    tmp_path: Path, accumulate: int, clip: float | None
+) -> None:
     steps = 12
-    results = wait_all(launch(tmp_path, steps, "--accumulate", str(accumulate)), timeout=120)
+    clipping = ("--clip", str(clip)) if clip is not None else ()
+    results = wait_all(
+        launch(tmp_path, steps, "--accumulate", str(accumulate), *clipping), timeout=120
+    )
     assert [code for code, _ in results] == [0, 0], results
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert all(torch.equal(p, q) for p, q in zip(rank0, rank1, strict=True))
-    for p, q in zip(rank0, single_process_reference(steps, accumulate), strict=True):
+    reference, norm = single_process_reference(steps, accumulate, clip)
+    for p, q in zip(rank0, reference, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # clipping runs at the step, on the all-reduced gradients: one norm on every rank,
+    # the global batch's (and it did clip)
+    norms = [(tmp_path / f"norm{rank}.txt").read_text() for rank in (0, 1)]
+    assert norms[0] == norms[1]
+    if clip is not None:
+        assert float(norms[0]) == pytest.approx(norm, rel=1e-5) and norm > clip
     # micro-batches before the last of each accumulation skip the all-reduce (DDP no_sync)
     assert int((tmp_path / "syncs0.txt").read_text()) == steps
 

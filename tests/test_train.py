@@ -8,6 +8,7 @@ docs/train.md.
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import sys
@@ -238,3 +239,37 @@ def test_progress_bar_on_a_terminal_and_log_lines_elsewhere() -> None:
     assert re.fullmatch(
         r"step  50/100 +[\d.]+ steps/s  loss 2.500  val 2.400  lr 1.00e-03", logged[0]
     )
+
+
+def test_clip_is_saved_shown_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "run"
+    code, out, _ = run_cli(capsys, *TINY, "--steps", "4", "--clip", "0.5", "--save", str(saved))
+    assert code == 0
+    assert "clip:   global gradient norm (L2) clipped to 0.5 before every step" in out
+    norm = float(
+        re.search(
+            r"^gradient norm at the last step: ([\d.e+-]+), clipped to 0.5$", out, re.MULTILINE
+        ).group(1)
+    )
+    assert norm > 0
+    run_file = json.loads((saved / "train.json").read_text())
+    assert run_file["options"]["clip"] == 0.5
+    code, _, err = run_cli(capsys, "--resume", str(saved), "--clip", "1.0")
+    assert code == 2 and "clip=1.0 (saved: 0.5)" in err
+    # a run file from before --clip existed resumes as an unclipped run
+    del run_file["options"]["clip"]
+    (saved / "train.json").write_text(json.dumps(run_file))
+    code, _, err = run_cli(capsys, "--resume", str(saved), "--clip", "1.0")
+    assert code == 2 and "clip=1.0 (saved: None)" in err
+    code, _, err = run_cli(capsys, *TINY, "--clip", "0")
+    assert code == 2 and "clip" in err
+
+
+def test_progress_shows_the_gradient_norm_when_measured() -> None:
+    pipe, logged = io.StringIO(), []
+    progress = Progress(100, stream=pipe, log=logged.append)
+    progress.update(50, 2.5, 1e-3, 0.8123)
+    progress.evaluated(50, 2.4)
+    assert logged[0].endswith("lr 1.00e-03  gnorm 0.812")

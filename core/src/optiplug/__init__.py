@@ -20,8 +20,10 @@ from . import _compat, errors, validators
 from ._api import (
     create,
     default_registry,
+    estimate_memory,
     factory,
     load_state_dict,
+    memory,
     optimizers,
     plugins,
     reset_default_registry,
@@ -52,6 +54,8 @@ from ._core.specs import (
 )
 from ._lazy import LazyCallable, lazy
 from ._schedules.base import Schedule
+from ._schedules.shapes import BUILTIN_SCHEDULES as _BUILTIN_SCHEDULES
+from ._state.memory import MemoryEstimate, MemoryReport
 
 if TYPE_CHECKING:  # imported on first access at run time (they import torch): see __getattr__
     from . import checkpoint
@@ -69,6 +73,8 @@ __all__ = [
     "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",
+    "MemoryEstimate",
+    "MemoryReport",
     "OptimizerFactory",
     "OptimizerSpec",
     "ParameterRoute",
@@ -87,12 +93,14 @@ __all__ = [
     "checkpoint",
     "create",
     "default_registry",
+    "estimate_memory",
     "errors",
     "factory",
     "hookimpl",
     "hookspec",
     "lazy",
     "load_state_dict",
+    "memory",
     "optimizers",
     "plugins",
     "reset_default_registry",
@@ -121,6 +129,22 @@ def _publish(*names: str) -> None:
 
 
 _publish(*(name for name in __all__ if name in globals() and not name.isupper()))
+
+# What users keep in checkpoints (factories, selections, schedules, and the
+# records a selection holds) loads under torch.load(..., weights_only=True):
+# allowlisted now if torch is imported, else right after `import torch`.
+_compat.allow_in_weights_only_load(
+    [
+        OptimizerFactory,
+        Selection,
+        CandidateReport,
+        Candidate,
+        SelectionRequest,
+        ProviderInfo,
+        Schedule,
+        *_BUILTIN_SCHEDULES,
+    ]
+)
 
 _LAZY_SUBMODULES = frozenset({"checkpoint"})
 """Public submodules that import torch, imported on first attribute access."""

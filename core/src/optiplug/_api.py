@@ -17,6 +17,8 @@ from ._core.create import OptimizerFactory
 from ._core.registry import Registry
 from ._core.specs import OptimizerSpec, PluginInfo, Problem
 from ._schedules.base import Schedule
+from ._state.memory import MemoryEstimate, MemoryReport
+from ._state.memory import estimate as _estimate
 
 if TYPE_CHECKING:
     import torch
@@ -24,8 +26,10 @@ if TYPE_CHECKING:
 __all__ = [
     "create",
     "default_registry",
+    "estimate_memory",
     "factory",
     "load_state_dict",
+    "memory",
     "optimizers",
     "plugins",
     "reset_default_registry",
@@ -199,6 +203,71 @@ def load_state_dict(optimizer: Any, state_dict: Any, *, strict: bool = True) -> 
     from ._state import load as state  # deferred: imports torch
 
     return state.load_state_dict(optimizer, state_dict, strict=strict)
+
+
+def memory(optimizer: Any) -> MemoryReport:
+    """Measure the memory ``optimizer``'s state takes, by slot and by param group.
+
+    Works for any ``torch.optim.Optimizer``: optiplug's (``multi`` reports its
+    sub-optimizers' state, in its groups' order) and plain torch ones. Each
+    storage counts once (views and aliases of one tensor, and state sharing a
+    parameter's storage, add nothing); tensor-valued hyperparameters (a tensor
+    ``lr``) count under their key. A DTensor counts this rank's shard.
+
+    Args:
+        optimizer: the optimizer to measure (typically after its first step,
+            when the state exists).
+
+    Returns:
+        A :class:`MemoryReport`: ``total``, ``by_slot``, ``by_group`` (bytes),
+        and the parameters' own bytes and element count.
+
+    Raises:
+        TypeError: not an optimizer (no ``state`` and ``param_groups``).
+    """
+    from ._state import memory as measure  # deferred: imports torch
+
+    return measure.memory_report(optimizer)
+
+
+def estimate_memory(
+    name: str,
+    num_parameters: float,
+    *,
+    dtype: str = "float32",
+    num_tensors: int | None = None,
+    provider: str | None = None,
+    **hparams: Any,
+) -> MemoryEstimate:
+    """Estimate the state memory algorithm ``name`` needs, from its declared state slots.
+
+    A parameter-shaped slot takes ``num_parameters`` elements of the
+    parameter dtype (4 bytes for ``float32`` slots such as a fused ``step``);
+    a scalar slot takes one element per parameter tensor (``num_tensors``;
+    default one tensor per million parameters, at least one). Conditional
+    slots count according to the algorithm's defaults and ``hparams``
+    (``amsgrad=True`` adds AdamW's ``max_exp_avg_sq``). Nothing is built and
+    torch is not imported.
+
+    Args:
+        name: algorithm name or alias.
+        num_parameters: parameter elements (``7e9``).
+        dtype: the parameters' dtype (``"float32"``, ``"bfloat16"``, ``"fp16"``...).
+        num_tensors: parameter tensors, for scalar slots; None estimates.
+        provider: plugin or distribution to take ``name`` from when several provide it.
+        **hparams: hyperparameters deciding conditional slots.
+
+    Returns:
+        A :class:`MemoryEstimate` (``total`` bytes, ``by_slot``, and the slots
+        ``omitted`` with why).
+
+    Raises:
+        UnknownOptimizerError: no plugin provides ``name``.
+        HyperparameterError: an unknown dtype or hyperparameter name, a bad
+            count, or an algorithm that declares no state slots.
+    """
+    found = default_registry().spec(name, provider=provider)
+    return _estimate(found, num_parameters, dtype=dtype, num_tensors=num_tensors, hparams=hparams)
 
 
 provide_default_registry(default_registry)

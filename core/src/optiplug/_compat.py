@@ -5,6 +5,10 @@ Objects pickled by 0.1.0 name the flat private modules of that layout
 each old path to the module that now holds the code, so those pickles still
 load; importing an old path warns with a ``DeprecationWarning``. New pickles
 name public paths (``optiplug.OptimizerFactory``). Removed in 0.2.
+
+It also allowlists optiplug's picklable records for
+``torch.load(..., weights_only=True)`` (under both paths) without importing
+torch: see :func:`allow_in_weights_only_load`.
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
+from typing import Any
 
-__all__ = ["RENAMED_MODULES", "install"]
+__all__ = [
+    "RENAMED_MODULES",
+    "allow_in_weights_only_load",
+    "install",
+    "weights_only_globals",
+]
 
 RENAMED_MODULES: dict[str, str] = {
     "optiplug._specs": "optiplug._core.specs",
@@ -82,3 +92,120 @@ def install() -> None:
     """Put the finder on ``sys.meta_path`` (once)."""
     if not any(isinstance(finder, _RenamedModuleFinder) for finder in sys.meta_path):
         sys.meta_path.append(_RenamedModuleFinder())
+
+
+# ------------------------------------------------------- torch.load(weights_only=True)
+_safe_globals: list[Any] = []
+"""What :func:`allow_in_weights_only_load` was given, plus the 0.1.0 path of each."""
+
+_LEGACY_PACKAGES = ("optiplug._schedules", "optiplug._auto")
+"""0.1.0 paths that are packages now and re-export their pickled classes themselves."""
+
+
+def _legacy_paths(obj: Any) -> list[tuple[Any, str]]:
+    """``(obj, "old.module.Name")`` for each 0.1.0 module path ``obj`` was pickled under.
+
+    An old path is one of :data:`RENAMED_MODULES` whose new module holds
+    ``obj``, or a package of :data:`_LEGACY_PACKAGES` that re-exports it.
+    Only modules already imported are looked at (this imports nothing).
+    """
+    name = obj.__qualname__
+    olds = [old for old, new in RENAMED_MODULES.items() if _holds(new, name, obj)]
+    olds += [package for package in _LEGACY_PACKAGES if _holds(package, name, obj)]
+    return [(obj, f"{old}.{name}") for old in olds]
+
+
+def _holds(module: str, name: str, obj: Any) -> bool:
+    return getattr(sys.modules.get(module), name, None) is obj
+
+
+def weights_only_globals() -> list[Any]:
+    """Everything optiplug allowlists for ``torch.load(..., weights_only=True)``.
+
+    Returns:
+        Classes (found by their public path, e.g. ``optiplug.OptimizerFactory``)
+        and ``(class, "optiplug._create.OptimizerFactory")`` pairs for the
+        paths optiplug 0.1.0 pickled them under; the form
+        ``torch.serialization.add_safe_globals`` takes.
+    """
+    return list(_safe_globals)
+
+
+def allow_in_weights_only_load(objects: Iterable[Any]) -> None:
+    """Let ``torch.load(..., weights_only=True)`` rebuild ``objects`` without the user's help.
+
+    ``import optiplug`` must not import torch, so the allowlist is handed to
+    ``torch.serialization.add_safe_globals`` at the first moment torch exists:
+
+    * torch already imported (``import torch`` before ``import optiplug``):
+      now;
+    * otherwise: right after ``import torch`` finishes, by a one-shot finder
+      at the front of ``sys.meta_path`` that wraps the loader of the
+      ``torch`` module (and restores it once torch is imported, then removes
+      itself). It finds nothing itself: it asks the finders behind it.
+
+    Either way ``import optiplug, torch; torch.load(path, weights_only=True)``
+    works in a fresh process, in both import orders. The objects must be
+    safe to rebuild from data: classes whose ``__setstate__`` (or
+    ``__new__`` + slot assignment) runs no code named by the pickle.
+
+    Args:
+        objects: classes to allowlist under their ``__module__.__qualname__``;
+            their 0.1.0 paths are allowlisted too.
+    """
+    for obj in objects:
+        for entry in (obj, *_legacy_paths(obj)):
+            if entry not in _safe_globals:
+                _safe_globals.append(entry)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(getattr(torch, "serialization", None), "add_safe_globals"):
+        _register_with_torch()
+    elif not any(isinstance(finder, _TorchImportHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportHook())
+
+
+def _register_with_torch() -> None:
+    """Hand :data:`_safe_globals` to torch (idempotent: torch keeps a set)."""
+    sys.modules["torch"].serialization.add_safe_globals(list(_safe_globals))
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """Runs torch's own loader, then registers optiplug's safe globals."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_data, is_package, get_resource_reader...
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        try:
+            self.loader.exec_module(module)
+        finally:  # torch sees its own loader from now on
+            module.__loader__ = self.loader
+            if module.__spec__ is not None:
+                module.__spec__.loader = self.loader
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchImportHook)]
+        _register_with_torch()
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of ``torch`` so optiplug's safe globals follow ``import torch``."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _RegisteringLoader(spec.loader)
+                return spec
+        return None

@@ -45,9 +45,11 @@ from torch.optim.optimizer import (  # type: ignore[attr-defined]
 )
 
 from ._core import autotune as _autotune
+from ._core import groups as _groups
 from ._core import params as _params
 from ._core.implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
 from ._core.params import GROUP_META_KEYS
+from ._core.routing import Routing
 from ._core.specs import ImplementationSpec
 from ._lazy import lazy
 from ._state.load import load_state_dict
@@ -65,10 +67,13 @@ __all__ = [
     "caller_stacklevel",
     "choose_implementation",
     "closure_loss",
+    "count_layers",
     "foreach_supported",
     "fused_supported",
     "group_overrides",
     "named_param_groups",
+    "param_groups",
+    "param_groups_report",
     "parameter_tensors",
     "torch_backed_optimizer",
     "validated_config",
@@ -281,6 +286,79 @@ def named_param_groups(params: Iterable[Any]) -> list[NamedParamGroup]:
         options = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
         parsed.append(NamedParamGroup(pairs, options))
     return parsed
+
+
+def param_groups(
+    params: Iterable[Any] | torch.nn.Module,
+    *,
+    model: torch.nn.Module | None = None,
+    no_decay: str | Sequence[str] | None = None,
+    layer_decay: float | None = None,
+    num_layers: int | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    lr_keys: Sequence[str] = ("lr",),
+    weight_decay_keys: Sequence[str] = ("weight_decay",),
+) -> list[dict[str, Any]]:
+    """Param groups without weight decay for norms/biases/embeddings, and with layer-wise lr decay.
+
+    What ``optiplug.create(..., no_decay=..., layer_decay=...)`` does for
+    every algorithm; composite optimizers (``multi``) call it per part, and
+    any ``torch.optim`` optimizer takes its result. Rules: docs/param_groups.md.
+
+    Args:
+        params: tensors, ``(name, tensor)`` pairs, param-group dicts (split
+            further, settings kept), or an ``nn.Module``.
+        model: the module, to classify parameters by module type
+            (``torch.nn.modules.normalization``, ``_NormBase``, ``nn.Embedding``).
+        no_decay: ``"auto"``, a list of ``fnmatch`` globs on parameter names
+            (may include ``"auto"``), or None.
+        layer_decay: lr scale ``layer_decay ** (num_layers - layer_id)``, or None.
+        num_layers: override of :func:`count_layers` (blocks + 1).
+        hparams: base hyperparameters (the ``lr`` to scale, the weight decay).
+        lr_keys: learning-rate keys to scale.
+        weight_decay_keys: weight-decay keys to zero.
+
+    Returns:
+        Param-group dicts (``(name, tensor)`` pairs when every parameter is named).
+
+    Raises:
+        HyperparameterError: a bad value, or names needed and missing.
+    """
+    return _groups.param_groups(
+        params,
+        model=model,
+        no_decay=no_decay,
+        layer_decay=layer_decay,
+        num_layers=num_layers,
+        hparams=hparams,
+        lr_keys=lr_keys,
+        weight_decay_keys=weight_decay_keys,
+    )
+
+
+def count_layers(names: Iterable[str | None]) -> int:
+    """``num_layers`` for ``layer_decay``: transformer blocks (``h.3.``, ``layers.3.``...) + 1.
+
+    Args:
+        names: every parameter name of the model.
+
+    Returns:
+        The highest block index + 2, or 1 without blocks.
+    """
+    return _groups.count_layers(names)
+
+
+def param_groups_report(optimizer: torch.optim.Optimizer) -> Routing:
+    """Per parameter: its lr, weight decay and why (a printable :class:`~optiplug.Routing`).
+
+    Args:
+        optimizer: any optimizer; ``routing()`` rows (muon, multi) are kept
+            and extended with the grouping reasons.
+
+    Returns:
+        A :class:`~optiplug.Routing`: ``print()`` it, or index it by name.
+    """
+    return _groups.param_groups_report(optimizer)
 
 
 def validated_config(
@@ -533,7 +611,12 @@ class KernelTableOptimizer(_ContractOptimizer):
     ``step`` gathers each group's tensors (:meth:`_group_tensors`) and
     keywords (:meth:`_kernel_options`, by default the group's config fields)
     and calls the chosen kernel once per group. Override those two hooks for
-    other state (e.g. a step counter) or packed hyperparameters.
+    other state (e.g. a step counter) or packed hyperparameters; keep what
+    they build inside ``step`` traceable by ``torch.compile`` (tuples,
+    named tuples and dicts, not frozen attrs classes). Do not name a
+    method ``_init_group``: ``torch.compile`` calls a method of that name
+    eagerly and takes its result as a constant (torch's optimizers return
+    flags such as ``has_complex``), so one returning tensors crashes tracing.
 
     Args:
         params: tensors, param-group dicts or ``(name, tensor)`` pairs.

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import decimal
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelConfigError
+from ..errors import ModelConfigError, closest_name
+from .rules import KNOWN_TASKS
 
 __all__ = [
+    "ARCHITECTURE_TASKS",
+    "checked_task",
+    "config_mapping",
     "estimate_parameters",
     "normalise_task",
+    "parse_parameter_count",
     "read_config",
     "resolve_pretrained",
+    "task_from_architectures",
 ]
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -30,7 +38,24 @@ TASK_ALIASES = {
     "sentiment-analysis": "text-classification",
     "sequence-classification": "text-classification",
     "qa": "question-answering",
+    "masked-lm": "fill-mask",
+    "mlm": "fill-mask",
+    "ner": "token-classification",
 }
+
+ARCHITECTURE_TASKS = (
+    ("ForCausalLM", "text-generation"),
+    ("LMHeadModel", "text-generation"),
+    ("ForSequenceClassification", "text-classification"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForMaskedLM", "fill-mask"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForMultipleChoice", "multiple-choice"),
+)
+"""HF class-name suffix in a config's ``architectures`` -> task, first match wins."""
+
+_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)$")
 
 
 def normalise_task(task: str | None) -> str | None:
@@ -46,6 +71,99 @@ def normalise_task(task: str | None) -> str | None:
         return None
     folded = "-".join(task.strip().lower().replace("_", "-").split())
     return TASK_ALIASES.get(folded, folded)
+
+
+def checked_task(task: str | None) -> str | None:
+    """:func:`normalise_task`, refusing a name that is no known task (a typo).
+
+    Args:
+        task: what the user typed, or None.
+
+    Returns:
+        The canonical task name, or None.
+
+    Raises:
+        ModelConfigError: an unknown task, with the closest known one.
+    """
+    canonical = normalise_task(task)
+    if canonical is None or canonical in KNOWN_TASKS:
+        return canonical
+    choices = sorted(KNOWN_TASKS | set(TASK_ALIASES))
+    suggestion = closest_name(canonical, choices)
+    hint = f"; did you mean {normalise_task(suggestion)!r}?" if suggestion else ""
+    raise ModelConfigError(
+        f"unknown task {task!r}{hint} (known tasks: {', '.join(sorted(KNOWN_TASKS))})"
+    )
+
+
+def parse_parameter_count(text: str | int | float) -> int:
+    """A parameter count as people type it: ``7e9``, ``7B``, ``125M``, ``1.3b``, ``350k``, ``7,000,000``.
+
+    Suffixes are decimal (k = 10^3, M = 10^6, B or G = 10^9, T = 10^12), any
+    case; ``_`` and ``,`` separate digits. The arithmetic is exact
+    (``1.3b`` is 1,300,000,000), and the result must be a whole number >= 1.
+
+    Args:
+        text: the count.
+
+    Returns:
+        The count.
+
+    Raises:
+        ModelConfigError: not a count, not whole, or not positive.
+    """
+    folded = str(text).strip().lower().replace(",", "").replace("_", "")
+    found = _COUNT.match(folded)
+    value = decimal.Decimal(found.group(1)) * _SUFFIXES[found.group(2)] if found else None
+    if value is None or value < 1 or value != value.to_integral_value():
+        if value is None:
+            reason = "is not a parameter count"
+        elif value <= 0:
+            reason = "must be positive"
+        else:
+            reason = "must be a whole number >= 1"
+        raise ModelConfigError(
+            f"--params {text!r} {reason}; e.g. 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
+        )
+    return int(value)
+
+
+def config_mapping(config: Any) -> dict[str, Any]:
+    """A config as a plain dict: a mapping, or an object with ``to_dict()`` (``GPT2Config``).
+
+    Raises:
+        ModelConfigError: neither.
+    """
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        converted = to_dict()
+        if isinstance(converted, Mapping):
+            return dict(converted)
+    raise ModelConfigError(
+        f"expected a config mapping, an object with to_dict() (e.g. transformers' "
+        f"PretrainedConfig), or a path, not {type(config).__name__}"
+    )
+
+
+def task_from_architectures(config: Mapping[str, Any]) -> str | None:
+    """The task an HF config's ``architectures`` names (``GPT2LMHeadModel`` -> text-generation).
+
+    Args:
+        config: the config mapping.
+
+    Returns:
+        The task of the first architecture with a known suffix, or None.
+    """
+    architectures = config.get("architectures")
+    if not isinstance(architectures, (list, tuple)):
+        return None
+    for architecture in architectures:
+        for suffix, task in ARCHITECTURE_TASKS:
+            if isinstance(architecture, str) and architecture.endswith(suffix):
+                return task
+    return None
 
 
 def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:

@@ -10,7 +10,14 @@ from __future__ import annotations
 from .._core.hooks import hookimpl
 from .._core.specs import Candidate, SelectionRequest
 
-__all__ = ["SIZE_SCORE", "TASK_RULES", "TASK_SCORE", "optiplug_select_optimizer", "size_rule"]
+__all__ = [
+    "KNOWN_TASKS",
+    "SIZE_SCORE",
+    "TASK_RULES",
+    "TASK_SCORE",
+    "optiplug_select_optimizer",
+    "size_rule",
+]
 
 SIZE_SCORE = 10.0
 TASK_SCORE = 20.0
@@ -21,6 +28,28 @@ TASK_RULES: dict[str, tuple[str, dict[str, object]]] = {
     "question-answering": ("adamw", {"lr": 3e-5, "weight_decay": 0.01}),
 }
 """Task -> (algorithm, hyperparameters), for normalised task names."""
+
+KNOWN_TASKS: frozenset[str] = frozenset(TASK_RULES) | {
+    "audio-classification",
+    "automatic-speech-recognition",
+    "feature-extraction",
+    "fill-mask",
+    "image-classification",
+    "image-segmentation",
+    "multiple-choice",
+    "object-detection",
+    "summarization",
+    "table-question-answering",
+    "text2text-generation",
+    "token-classification",
+    "translation",
+    "zero-shot-classification",
+}
+"""Every task name ``optiplug auto --task`` accepts (normalised; aliases fold into these).
+
+A known task without a rule here falls back to the size rules (plugins may
+have rules for it); a name outside this list is a typo, refused with a
+did-you-mean."""
 
 
 def size_rule(request: SelectionRequest) -> Candidate:

@@ -17,7 +17,14 @@ from .._core.registry import Registry, bound_registry
 from .._core.selection import Selection
 from .._core.specs import SelectionRequest
 from ..errors import ModelConfigError
-from .model_config import estimate_parameters, normalise_task, read_config, resolve_pretrained
+from .model_config import (
+    config_mapping,
+    estimate_parameters,
+    normalise_task,
+    read_config,
+    resolve_pretrained,
+    task_from_architectures,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +50,7 @@ def _request_from_config(
     count, exact = estimate_parameters(config)
     model_type = config.get("model_type")
     return SelectionRequest(
-        task=normalise_task(task),
+        task=normalise_task(task) if task is not None else task_from_architectures(config),
         num_parameters=count,
         parameters_exact=exact,
         config=dict(config),
@@ -63,7 +70,7 @@ class AutoOptimizer:
     def for_task(
         cls,
         task: str | None,
-        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | Any | str | os.PathLike[str] | None = None,
         *,
         num_parameters: int | None = None,
         stage: str | None = None,
@@ -74,7 +81,9 @@ class AutoOptimizer:
         Args:
             task: e.g. ``"text-classification"``; normalised; unknown tasks fall
                 back to the size rules.
-            config: an HF-style config mapping or path, for the parameter count.
+            config: an HF-style config mapping, config object (``to_dict()``)
+                or path, for the parameter count (and the task, from its
+                ``architectures``, when ``task`` is None).
             num_parameters: the parameter count, when no config is given.
             stage: ``"pretraining"`` or ``"finetuning"``, if known.
             registry: where to look; the default registry when None.
@@ -86,7 +95,10 @@ class AutoOptimizer:
             ModelConfigError: an unreadable config or one lacking the needed keys.
         """
         if config is not None:
-            mapping = config if isinstance(config, Mapping) else read_config(config)
+            if isinstance(config, (str, os.PathLike)):
+                mapping = read_config(config)
+            else:
+                mapping = config_mapping(config)
             request = _request_from_config(mapping, task, stage)
         else:
             request = SelectionRequest(
@@ -100,13 +112,20 @@ class AutoOptimizer:
     @classmethod
     def from_config(
         cls,
-        config: Mapping[str, Any] | str | os.PathLike[str],
+        config: Mapping[str, Any] | Any | str | os.PathLike[str],
         *,
         task: str | None = None,
         stage: str | None = None,
         registry: Registry | None = None,
     ) -> Selection:
-        """Select from a model config (a mapping or the path of a ``config.json``).
+        """Select from a model config: a mapping, a config object, or a ``config.json`` path.
+
+        A config object is anything with ``to_dict()`` (transformers'
+        ``GPT2Config``...). Without ``task``, the config's ``architectures``
+        name it when they can (``...ForCausalLM``/``...LMHeadModel`` ->
+        text-generation, ``...ForSequenceClassification`` ->
+        text-classification, ``...ForQuestionAnswering`` ->
+        question-answering, ``...ForMaskedLM`` -> fill-mask).
 
         Raises:
             ModelConfigError: an unreadable config or one lacking the needed keys.
@@ -123,6 +142,9 @@ class AutoOptimizer:
         registry: Registry | None = None,
     ) -> Selection:
         """Select from a local model directory/``config.json``, or an offline hub cache entry.
+
+        Without ``task``, the config's ``architectures`` name it when they
+        can (see :meth:`from_config`).
 
         Raises:
             ModelConfigError: nothing at that path (and not cached), no
@@ -191,7 +213,7 @@ class AutoOptimizer:
     def explain(
         cls,
         task: str | None = None,
-        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | Any | str | os.PathLike[str] | None = None,
         *,
         num_parameters: int | None = None,
         stage: str | None = None,

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ..errors import ImplementationError, OptiplugError
-from ..validators import validate_hyperparameters
+from ..validators import hyperparameters_of, validate_hyperparameters
 from .binding import provided_default
+from .groups import (
+    GROUPING_ATTRIBUTE,
+    GROUPING_KEYWORDS,
+    build_groups,
+    check_grouping,
+    module_params,
+    plan_groups,
+)
 from .params import group_overrides, parameter_tensors
 from .protocols import OptimizerCreator
 from .specs import ImplementationSpec, OptimizerSpec
@@ -20,8 +29,10 @@ if TYPE_CHECKING:
     from .protocols import AlgorithmLookup
 
 __all__ = [
+    "OWN_PARAM_GROUPS",
     "REGISTRY_ATTRIBUTE",
     "SPEC_ATTRIBUTE",
+    "USES_MODEL",
     "USES_REGISTRY",
     "OptimizerFactory",
     "create_optimizer",
@@ -43,6 +54,22 @@ Declared by algorithms that build other algorithms (``multi``), so those are
 looked up in the registry that created them; see :func:`create_optimizer`.
 """
 
+USES_MODEL = "uses-model"
+"""Capability tag: the algorithm's factory takes ``model=`` (the module the parameters come from).
+
+``optiplug.create(name, module)`` then passes the module as ``model=``. An
+algorithm whose config (or factory signature) has a ``model`` hyperparameter
+(``muon``) gets it too, without the tag.
+"""
+
+OWN_PARAM_GROUPS = "own-param-groups"
+"""Capability tag: the factory takes ``no_decay=``, ``layer_decay=``, ``num_layers=`` itself.
+
+Declared by algorithms that build their own parameter sets (``multi``, per
+route) and apply :func:`optiplug.base.param_groups` to each; the others get
+their ``params`` already split by :func:`create_optimizer`.
+"""
+
 REGISTRY_ATTRIBUTE = "_optiplug_registry"
 """Attribute naming the :class:`Registry` that created an optimizer (for validation hooks)."""
 
@@ -58,12 +85,20 @@ def validated_hparams(
         params: the materialised ``params`` argument; its param-group dicts'
             overrides are validated merged over ``hparams``.
 
+    The grouping keywords (``no_decay``, ``layer_decay``, ``num_layers``)
+    are checked here and left out of the result, as is ``model`` for an
+    algorithm that does not take it (see :func:`create_optimizer`).
+
     Returns:
         The merged keywords to pass to the factory.
 
     Raises:
         HyperparameterError: naming the algorithm, field and value.
     """
+    check_grouping(hparams, spec.name)
+    hparams = {key: value for key, value in hparams.items() if key not in GROUPING_KEYWORDS}
+    if not _takes_model(spec):
+        hparams.pop("model", None)
     merged = {**spec.defaults, **hparams}
     validate_hyperparameters(spec.name, merged, config=spec.config, factory=spec.factory)
     for override in group_overrides(params):
@@ -172,13 +207,25 @@ def create_optimizer(
     as ``multi``) looks them up where it was itself found, not in the
     default registry. A ``registry`` keyword the user gave wins.
 
+    ``params`` may be an ``nn.Module``: its ``named_parameters()`` are used,
+    and it is passed as ``model=`` to an algorithm that takes one
+    (:data:`USES_MODEL`). ``no_decay``/``layer_decay``/``num_layers`` split
+    ``params`` into param groups (:func:`optiplug.base.param_groups`) for
+    every algorithm, except one declaring :data:`OWN_PARAM_GROUPS`, which
+    gets the keywords. Without them nothing changes: the default is no
+    grouping, for parity with ``torch.optim`` (docs/param_groups.md).
+
     Args:
         registry: the registry creating the optimizer.
         name: the algorithm's name or alias.
-        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        params: tensors, param-group dicts, ``(name, tensor)`` pairs, or an
+            ``nn.Module``.
         impl: the implementation to force, or None to choose.
         provider: the plugin or distribution that must provide ``name``.
-        **hparams: the algorithm's hyperparameters.
+        **hparams: the algorithm's hyperparameters, plus ``model`` (the
+            module, to classify parameters by module type), ``no_decay``
+            (``"auto"`` or a list of name globs; default None: no
+            exclusion), ``layer_decay`` (float in (0, 1]) and ``num_layers``.
 
     Returns:
         The optimizer, tagged with its spec and registry.
@@ -190,14 +237,94 @@ def create_optimizer(
         ImplementationError: the forced ``impl`` failed to build (chained).
     """
     spec = registry.spec(name, provider=provider)
-    params = list(params)
+    params, model = module_params(params, hparams.get("model"))
+    grouping = {key: hparams[key] for key in GROUPING_KEYWORDS if hparams.get(key) is not None}
     merged = validated_hparams(spec, hparams, params)
+    if model is not None and _takes_model(spec):
+        merged["model"] = model
+    reasons: dict[str, str] = {}
+    if OWN_PARAM_GROUPS in spec.capabilities:
+        merged.update(grouping)
+    elif grouping.keys() - {"num_layers"}:
+        params, reasons = _grouped(spec, params, model, grouping, merged)
+        merged = validated_hparams(spec, hparams, params)
+        if model is not None and _takes_model(spec):
+            merged["model"] = model
     if USES_REGISTRY in spec.capabilities:
         merged.setdefault("registry", registry)
     candidates = registry.implementations(spec.name, provider=provider)
     optimizer = _build(spec, candidates, impl, params, merged)
     _tag(optimizer, spec, registry)
+    if reasons:
+        _set(optimizer, GROUPING_ATTRIBUTE, reasons)
     return optimizer
+
+
+def _takes_model(spec: OptimizerSpec) -> bool:
+    """Whether ``spec``'s factory takes ``model=`` (:data:`USES_MODEL`, or a ``model`` keyword)."""
+    if USES_MODEL in spec.capabilities:
+        return True
+    try:
+        names = {h.name for h in hyperparameters_of(spec.config, spec.factory)}
+    except Exception:  # a factory that cannot be inspected (or imported) takes no model
+        return False
+    return "model" in names
+
+
+def _numeric(values: dict[str, Any], key: str) -> bool:
+    """Whether ``values[key]`` is a number or a tensor, or is missing (``adjust_lr`` is neither)."""
+    value = values.get(key)
+    if value is None:
+        return key in {"lr", "weight_decay"}
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or hasattr(
+        value, "dim"
+    )
+
+
+def _grouped(
+    spec: OptimizerSpec,
+    params: list[Any],
+    model: Any,
+    grouping: dict[str, Any],
+    merged: dict[str, Any],
+) -> tuple[list[Any], dict[str, str]]:
+    """``params`` split into param groups by ``no_decay``/``layer_decay``, and each parameter's reason.
+
+    The learning-rate keys scaled are ``lr`` and every hyperparameter ending
+    in ``_lr`` (muon's ``aux_lr``); the weight-decay keys zeroed are
+    ``weight_decay`` and every one ending in ``_weight_decay``.
+    """
+    known = {h.name: h.default for h in hyperparameters_of(spec.config, spec.factory)}
+    base = {**known, **merged}
+    names = set(base) | {"lr", "weight_decay"}
+    lr_keys = sorted(n for n in names if (n == "lr" or n.endswith("_lr")) and _numeric(base, n))
+    decay_keys = sorted(
+        n
+        for n in names
+        if (n == "weight_decay" or n.endswith("_weight_decay")) and _numeric(base, n)
+    )
+    plans, options, named = plan_groups(
+        params,
+        model=model,
+        no_decay=grouping.get("no_decay"),
+        layer_decay=grouping.get("layer_decay"),
+        num_layers=grouping.get("num_layers"),
+        algorithm=spec.name,
+    )
+    groups = build_groups(
+        plans,
+        options,
+        named,
+        hparams=base,
+        lr_keys=lr_keys,
+        weight_decay_keys=decay_keys,
+        algorithm=spec.name,
+    )
+    reasons = {
+        plan.name if plan.name is not None else f"#{index}": plan.reason
+        for index, plan in enumerate(plans)
+    }
+    return groups, reasons
 
 
 def _tag(optimizer: Any, spec: OptimizerSpec, registry: AlgorithmLookup) -> None:
@@ -207,6 +334,12 @@ def _tag(optimizer: Any, spec: OptimizerSpec, registry: AlgorithmLookup) -> None
         setattr(optimizer, REGISTRY_ATTRIBUTE, registry)
     except (AttributeError, TypeError):
         pass
+
+
+def _set(optimizer: Any, attribute: str, value: Any) -> None:
+    """Set ``attribute`` on ``optimizer`` (skipped if it refuses attributes)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(optimizer, attribute, value)
 
 
 @attrs.frozen

@@ -482,6 +482,8 @@ class Registry:
         entries = list(table.get(name, ()))
         if not entries:
             entries = [rec for recs in table.values() for rec in recs if name in rec.aliases]
+        if not entries:
+            entries = _loosely_named(table, name)
         if provider is not None:
             entries = [rec for rec in entries if provider in _provider_names(rec)]
         if not entries:
@@ -636,6 +638,40 @@ def bound_registry(registry: Registry | None) -> Registry:
     if not isinstance(default, Registry):
         raise TypeError(f"the default registry is a {type(default).__name__}, not a Registry")
     return default
+
+
+def folded_name(name: str) -> str:
+    """``name`` as lookups compare it loosely: lower case, without ``_``, ``-``, spaces or dots.
+
+    ``"AdamW"``, ``"adam_w"`` and ``"Adam-W"`` all fold to ``"adamw"``.
+    """
+    return "".join(char for char in name.lower() if char.isalnum())
+
+
+def _loosely_named(table: Mapping[str, list[_Named]], name: str) -> list[_Named]:
+    """The records whose name or an alias folds like ``name`` (:func:`folded_name`).
+
+    Exact names and aliases are tried first (by the caller); this runs only
+    when neither matched. When several names fold alike, the records of the
+    one that is a canonical name win; if it is still ambiguous, nothing matches.
+    """
+    folded = folded_name(name)
+    if not folded:
+        return []
+    canonical = [n for n in table if folded_name(n) == folded]
+    if len(canonical) == 1:
+        return list(table[canonical[0]])
+    if canonical:
+        return []
+    by_alias = {
+        rec.name: rec
+        for recs in table.values()
+        for rec in recs
+        if any(folded_name(alias) == folded for alias in rec.aliases)
+    }
+    if len(by_alias) == 1:
+        return list(table[next(iter(by_alias))])
+    return []
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

@@ -12,7 +12,7 @@ A Graph wraps an ``nn.Module`` for training::
         graph.step()
 
 ``step()`` sets each group's lr to ``base * schedule(training_step) * lr_scale``,
-steps the optimizer, zeros the gradients and increments ``training_step``.
+clips the gradients' global norm (``set_grad_clip``), steps the optimizer, zeros the gradients and increments ``training_step``.
 Under ``torch.distributed`` the module is wrapped in DDP and the loader is
 sharded with a ``DistributedSampler``.
 """
@@ -157,6 +157,8 @@ class Graph:
         self._skip_pending = False  # a non-finite loss in this accumulation (policy "skip")
         self._skipped = 0
         self._consecutive_skips = 0
+        self._clip: tuple[float, float] | None = None  # (max_norm, norm_type)
+        self._last_grad_norm: float | None = None
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if not _ranks.active():
@@ -396,9 +398,11 @@ class Graph:
         """Count one micro-batch; every ``accumulate``-th, take an optimizer step.
 
         The step sets each group's lr to base * schedule(training_step) *
-        lr_scale, steps, zeros the gradients and increments ``training_step``
-        (unless fp16 gradient scaling, or the ``"skip"`` policy, skipped it for
-        a non-finite loss or gradient).
+        lr_scale, clips the accumulated gradients' global norm when
+        :meth:`set_grad_clip` asked for it (after fp16 unscaling), steps, zeros
+        the gradients and increments ``training_step`` (unless fp16 gradient
+        scaling, or the ``"skip"`` policy, skipped it for a non-finite loss or
+        gradient).
 
         Returns:
             True when the optimizer stepped.
@@ -471,13 +475,79 @@ class Graph:
             )
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Clip (when set) and step; with fp16, unscale first and let the scaler step."""
         if self.scaler is None:
+            self._clip_gradients()
             optimizer.step()
             return True
         before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        if self._clip is not None:
+            self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            self._clip_gradients()
+        self.scaler.step(optimizer)  # knows they are unscaled; skips on inf/NaN as ever
         self.scaler.update()
         return self.scaler.get_scale() >= before
+
+    # ------------------------------------------------------------- clipping
+    def set_grad_clip(self, max_norm: float | None, *, norm_type: float = 2.0) -> None:
+        """Clip the global gradient norm before every optimizer step; None disables.
+
+        The norm is taken over every trainable parameter's gradient together,
+        as ``torch.nn.utils.clip_grad_norm_`` takes it (and with the same
+        arithmetic, so the result is bit-identical to calling it by hand): when
+        it exceeds ``max_norm`` every gradient is multiplied by
+        ``max_norm / (norm + 1e-6)``. It runs once per optimizer step, in
+        :meth:`step`, on the gradients the step will use: accumulated over all
+        micro-batches, all-reduced under DDP (so every rank computes the same
+        norm and applies the same factor), and unscaled under fp16
+        (``scaler.unscale_`` first, then the clip, then ``scaler.step``). The
+        norm before clipping is :attr:`last_grad_norm`. ``max_norm=math.inf``
+        only measures it.
+
+        Args:
+            max_norm: the largest global norm allowed (> 0, ``math.inf`` to
+                measure only), or None to stop clipping.
+            norm_type: the p of the p-norm (> 0; ``math.inf`` for the max norm).
+
+        Raises:
+            HyperparameterError: ``max_norm`` not None and not > 0, or
+                ``norm_type`` not > 0 (NaN included).
+        """
+        if max_norm is None:
+            self._clip = None
+            return
+        for name, value in (("max_norm", max_norm), ("norm_type", norm_type)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise HyperparameterError(
+                    name, value, "must be a number > 0 (math.inf allowed)", algorithm="Graph"
+                )
+        self._clip = (float(max_norm), float(norm_type))
+
+    @property
+    def grad_clip(self) -> tuple[float, float] | None:
+        """``(max_norm, norm_type)`` set by :meth:`set_grad_clip`, or None."""
+        return self._clip
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last optimizer step, before clipping.
+
+        None until a step has run with clipping set (the norm is only computed
+        then). Under fp16 it is the unscaled norm; a step the GradScaler
+        skipped for inf/NaN gradients leaves ``inf`` or ``nan`` here.
+        """
+        return self._last_grad_norm
+
+    def _clip_gradients(self) -> None:
+        """``clip_grad_norm_``'s two halves: the total norm (kept), then the scaling."""
+        if self._clip is None:
+            return
+        max_norm, norm_type = self._clip
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite=False)
+        self._last_grad_norm = float(norm)
+        if math.isfinite(max_norm):
+            torch.nn.utils.clip_grads_with_norm_(self.parameters(), max_norm, norm)
 
     # ------------------------------------------------------------- data
     def set_data_loader(self, loader: Any, forward_input: str) -> None:

@@ -17,6 +17,7 @@ import attrs
 from ..errors import HyperparameterError, OptiplugError
 
 __all__ = [
+    "ADDED_FIELDS",
     "NONFINITE_POLICIES",
     "RESUMABLE_FIELDS",
     "RUN_FILE",
@@ -56,6 +57,15 @@ def _optional(minimum: int) -> _Validator:
 def _check_lr(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
         raise HyperparameterError(attribute.name, value, "must be a number > 0", algorithm="train")
+
+
+def _check_clip(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+    ):
+        raise HyperparameterError(
+            attribute.name, value, "must be a finite number > 0", algorithm="train"
+        )
 
 
 def _check_policy(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -105,6 +115,8 @@ class TrainConfig:
             (with ``nproc``: the CPU count divided among the processes).
         nonfinite: ``"stop"`` the run on a non-finite loss (keeping the last
             good checkpoint), or ``"skip"`` such batches (``Graph.set_nonfinite_policy``).
+        clip: clip the global gradient norm (L2) to this before every step
+            (``Graph.set_grad_clip``); None does not clip.
     """
 
     steps: int = attrs.field(default=500, validator=_at_least(1))
@@ -135,6 +147,7 @@ class TrainConfig:
     nproc: int = attrs.field(default=1, validator=_at_least(1))
     threads: int | None = attrs.field(default=None, validator=_optional(1))
     nonfinite: str = attrs.field(default="stop", validator=_check_policy)
+    clip: float | None = attrs.field(default=None, validator=_check_clip)
 
     def __attrs_post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -185,8 +198,13 @@ RESUMABLE_FIELDS = (
     "data",
     "max_chars",
     "nproc",
+    "clip",
 )
 """Options a resumed run takes from ``train.json`` and may not change."""
+
+ADDED_FIELDS: dict[str, Any] = {"clip": None}
+"""Resumable options newer than the run file format: a ``train.json`` written
+before they existed lacks them and ran with these values."""
 
 SAVED_DEFAULTS = ("threads", "save_every", "nonfinite")
 """Options a resumed run takes from ``train.json`` unless given (the thread count
@@ -253,6 +271,8 @@ def _check_run_file(payload: dict[str, Any], path: Path) -> None:
             found = "is missing" if key not in payload else f"is not a {kind.__name__}"
             raise OptiplugError(f"--resume: {path}: key {key!r} {found}; the file is damaged")
     options = payload["options"]
+    for name, value in ADDED_FIELDS.items():
+        options.setdefault(name, value)
     missing = [name for name in RESUMABLE_FIELDS if name not in options]
     unknown = sorted(set(options) - set(RESUMABLE_FIELDS) - set(SAVED_DEFAULTS))
     if missing or unknown:

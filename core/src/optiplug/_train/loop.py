@@ -65,6 +65,7 @@ def build_graph(
     )
     graph = Graph(model, device=config.device, seed=config.seed)
     graph.set_nonfinite_policy(config.nonfinite)
+    graph.set_grad_clip(config.clip)
     graph.set_scheduler(make_schedule(config, registry))
     chosen = resolve_optimizer(config.optimizer, model, registry, lr=config.lr, impl=config.impl)
     graph.set_optimizer(chosen)
@@ -211,7 +212,7 @@ def _after_step(
     evaluator, progress, curves = tracking
     step = graph.training_step
     curves.train.append((step, loss))
-    progress.update(step, loss, _lr(graph))
+    progress.update(step, loss, _lr(graph), graph.last_grad_norm)
     if evaluator.due(step) and step != curves.val[-1][0]:
         evaluator.point(step, curves, progress)
     if config.save and config.save_every and step % config.save_every == 0:
@@ -274,6 +275,7 @@ def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) 
         "prompt": prompt,
         "saved": config.save,
         "skipped": graph.skipped_steps,
+        "grad_norm": graph.last_grad_norm,
     }
 
 

@@ -45,6 +45,7 @@ _FIELDS = {
     "nproc": "nproc",
     "threads": "threads",
     "nonfinite": "nonfinite",
+    "clip": "clip",
 }
 """Command-line destination -> :class:`~optiplug._train.config.TrainConfig` field."""
 
@@ -66,6 +67,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="extra schedule parameter (repeatable); total_steps and warmup_steps are filled in",
+    )
+    run.add_argument(
+        "--clip",
+        type=float,
+        metavar="MAX_NORM",
+        help="clip the global gradient norm (L2) to MAX_NORM before every step (default: off)",
     )
     run.add_argument("--warmup", type=int, metavar="N", help="warm-up steps (default: steps/20)")
     run.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: 500)")

@@ -74,11 +74,12 @@ class Progress:
         self.began = time.perf_counter()
         self.drawn = 0.0
         self.step = start
-        self.loss = self.val = self.lr = math.nan
+        self.loss = self.val = self.lr = self.grad_norm = math.nan
 
-    def update(self, step: int, loss: float, lr: float) -> None:
-        """Record a training step; redraw the bar at most ten times a second."""
+    def update(self, step: int, loss: float, lr: float, grad_norm: float | None = None) -> None:
+        """Record a training step (and its gradient norm, when measured); redraw at most 10/s."""
         self.step, self.loss, self.lr = step, loss, lr
+        self.grad_norm = math.nan if grad_norm is None else grad_norm
         now = time.perf_counter()
         if self.bar and (now - self.drawn >= 0.1 or step >= self.total):
             self.drawn = now
@@ -116,6 +117,8 @@ class Progress:
                 parts.append(f"{name} {value:{shown}}")
         if not math.isnan(self.lr):
             parts.append(f"lr {self.lr:.2e}")
+        if not math.isnan(self.grad_norm):
+            parts.append(f"gnorm {self.grad_norm:.3g}")
         if bar and rate > 0:
             parts.append(f"eta {_duration((self.total - self.step) / rate)}")
         return "  ".join(parts)
@@ -151,10 +154,15 @@ def header(config: TrainConfig, corpus: Corpus) -> str:
         corpus: its corpus.
 
     Returns:
-        Four lines of text.
+        Four lines of text (five with ``--clip``).
     """
     total = len(corpus.train) + len(corpus.val)
     processes = f", {config.nproc} processes" if config.nproc > 1 else ""
+    clip = (
+        [f"clip:   global gradient norm (L2) clipped to {config.clip:g} before every step"]
+        if config.clip is not None
+        else []
+    )
     return "\n".join(
         [
             f"corpus: {corpus.description}: {corpus.files} files, {total:,} characters, "
@@ -165,6 +173,7 @@ def header(config: TrainConfig, corpus: Corpus) -> str:
             f"{config.n_head} heads, context {config.block_size}",
             f"batch:  {config.batch_size} windows x {config.block_size} characters per step"
             f"{processes}",
+            *clip,
         ]
     )
 
@@ -190,6 +199,9 @@ def report(result: TrainResult, config: TrainConfig) -> str:
         "",
         _loss_table(result),
     ]
+    if result.grad_norm is not None:
+        clipped = f", clipped to {config.clip:g}" if config.clip is not None else ""
+        lines += ["", f"gradient norm at the last step: {result.grad_norm:.4g}{clipped}"]
     if result.skipped:
         lines += ["", f"skipped {result.skipped} step(s) whose loss or gradient was not finite"]
     if result.saved:

@@ -35,6 +35,8 @@ class TrainResult:
         saved: where the run saved its checkpoint, or None.
         reason: why ``AutoOptimizer`` chose the optimizer (``--optimizer auto``).
         skipped: steps skipped for a non-finite loss (``--nonfinite skip``).
+        grad_norm: the global gradient norm of the last step, before clipping
+            (measured only with ``--clip``; None otherwise).
     """
 
     optimizer: str
@@ -55,6 +57,7 @@ class TrainResult:
     saved: str | None = None
     reason: str = ""
     skipped: int = 0
+    grad_norm: float | None = None
 
 
 @attrs.frozen

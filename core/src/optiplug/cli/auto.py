@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from .._auto.model_config import checked_task, parse_parameter_count
 from .._auto.selection import AutoOptimizer
 from .._core.selection import Selection
 
@@ -19,7 +20,9 @@ def configure_auto(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", help="task name, e.g. text-classification or causal-lm")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--config", help="HF-style config.json (or a directory holding one)")
-    source.add_argument("--params", type=int, help="parameter count N")
+    source.add_argument(
+        "--params", help="parameter count N: 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
+    )
     parser.add_argument("--stage", choices=["pretraining", "finetuning"])
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -74,12 +77,15 @@ def run_auto(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        OptiplugError: an unreadable config, or no rule proposed an installed optimizer.
+        OptiplugError: an unknown task (with a did-you-mean), a bad ``--params``,
+            an unreadable config, or no rule proposed an installed optimizer.
     """
+    task = checked_task(args.task)  # a typo is refused, not sent to the size rules
+    count = parse_parameter_count(args.params) if args.params is not None else None
     selection = AutoOptimizer.for_task(
-        args.task,
+        task,
         args.config,
-        num_parameters=args.params,
+        num_parameters=count,
         stage=args.stage,
         registry=args.registry,
     )

@@ -8,18 +8,24 @@ from typing import Any
 
 import attrs
 
+from .._auto.model_config import parse_parameter_count
 from .._core.registry import Registry
 from .._core.specs import OptimizerSpec, ProviderInfo, ScheduleSpec
+from .._state.memory import MemoryEstimate, estimate
 from .._text import format_table
-from ..errors import UnknownOptimizerError
+from ..errors import ModelConfigError, OptiplugError, UnknownOptimizerError
+from .schedule import parse_param
 
 __all__ = [
     "Listing",
     "configure_list",
     "configure_show",
+    "format_bytes",
     "listing",
+    "parse_count",
     "run_list",
     "run_show",
+    "show_memory",
     "show_optimizer",
     "show_schedule",
 ]
@@ -151,16 +157,58 @@ def _list_rows(found: Listing) -> list[list[str]]:
 
 
 # ------------------------------------------------------------------ show
+def parse_count(text: str) -> int:
+    """``--params``: a parameter count (``7B``, ``125M``, ``1.3b``, ``7e9``), as for ``auto``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole, positive count (argparse
+            prints it as one usage line).
+    """
+    try:
+        return parse_parameter_count(text)
+    except ModelConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def configure_show(parser: argparse.ArgumentParser) -> None:
     """Add the ``show`` command's arguments to ``parser``."""
     parser.add_argument("name", help="an optimizer or schedule name")
+    sizing = parser.add_argument_group("state memory estimate (optimizers)")
+    sizing.add_argument(
+        "--params",
+        type=parse_count,
+        metavar="N",
+        help="estimate the state memory for N parameters (7B, 125M, 1.3b, 7e9)",
+    )
+    sizing.add_argument(
+        "--dtype", default="float32", help="the parameters' dtype (default: float32; bf16, fp16...)"
+    )
+    sizing.add_argument(
+        "--param",
+        type=parse_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hyperparameter deciding conditional slots, e.g. amsgrad=true (repeatable)",
+    )
+    sizing.add_argument(
+        "--tensors",
+        type=parse_count,
+        metavar="N",
+        help="parameter tensors, for scalar slots such as step (default: one per million "
+        "parameters)",
+    )
 
 
 def run_show(args: argparse.Namespace) -> int:
     """Describe optimizer (or else schedule) ``args.name`` of ``args.registry``.
 
+    With ``--params`` an optimizer's description ends with the estimate of
+    its state memory (:func:`show_memory`).
+
     Args:
-        args: the parsed arguments (``name``, ``registry``).
+        args: the parsed arguments (``name``, ``registry``, ``params``,
+            ``dtype``, ``param``, ``tensors``).
 
     Returns:
         0.
@@ -168,16 +216,72 @@ def run_show(args: argparse.Namespace) -> int:
     Raises:
         UnknownOptimizerError: no optimizer and no schedule has that name
             (the optimizer lookup's error, with its suggestions).
+        OptiplugError: ``--params`` with a schedule's name.
+        HyperparameterError: an unknown ``--dtype`` or ``--param`` name.
     """
     registry: Registry = args.registry
+    count = getattr(args, "params", None)
     try:
-        print(show_optimizer(registry, registry.spec(args.name)))
+        spec = registry.spec(args.name)
     except UnknownOptimizerError as optimizer_error:
         try:
-            print(show_schedule(registry.schedule_spec(args.name)))
+            schedule = registry.schedule_spec(args.name)
         except UnknownOptimizerError:
             raise optimizer_error from None
+        if count is not None:
+            raise OptiplugError(f"--params: {args.name} is a schedule, not an optimizer") from None
+        print(show_schedule(schedule))
+        return 0
+    text = show_optimizer(registry, spec)
+    if count is not None:
+        hparams = {key.replace("-", "_"): _flag(value) for key, value in args.param}
+        found = estimate(spec, count, dtype=args.dtype, num_tensors=args.tensors, hparams=hparams)
+        text += "\n\n" + show_memory(found)
+    print(text)
     return 0
+
+
+def _flag(value: Any) -> Any:
+    """``true``/``false`` (as typed on a command line) as booleans; anything else as parsed."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def format_bytes(size: int) -> str:
+    """``28.0 GB (26.1 GiB)``: decimal gigabytes and binary gibibytes; small sizes in bytes.
+
+    Args:
+        size: bytes.
+
+    Returns:
+        The size, as text.
+    """
+    if size < 10**6:
+        return f"{size:,} B"
+    return f"{size / 1e9:,.2f} GB ({size / 2**30:,.2f} GiB)"
+
+
+def show_memory(found: MemoryEstimate) -> str:
+    """The state memory estimate: the total, each slot, what was not counted and why.
+
+    Args:
+        found: the estimate.
+
+    Returns:
+        Lines of text.
+    """
+    rows = [[slot, f"{size:,}", format_bytes(size)] for slot, size in found.by_slot.items()]
+    ratio = f", {found.total / found.parameters:.2f}x the parameters" if found.parameters else ""
+    lines = [
+        f"state memory for {found.num_parameters:,} {found.dtype} parameters: "
+        f"{format_bytes(found.total)}{ratio}",
+        _indent(format_table(["slot", "bytes", "size"], rows)) if rows else "  (no state)",
+        f"  parameters themselves: {format_bytes(found.parameters)}; scalar slots counted "
+        f"once per parameter tensor, {found.num_tensors:,} assumed (--tensors)",
+    ]
+    lines += [f"  not counted: {reason}" for reason in found.omitted]
+    return "\n".join(lines)
 
 
 def show_optimizer(registry: Registry, spec: OptimizerSpec) -> str:

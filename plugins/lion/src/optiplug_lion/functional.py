@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 import torch
 from torch import Tensor
 
@@ -56,9 +55,13 @@ class FusedFallbackWarning(UserWarning):
     """The fused Lion kernel could not be compiled; foreach is used instead."""
 
 
-@attrs.frozen
-class LionHyper:
+class LionHyper(NamedTuple):
     """One param group's hyperparameters, as the update functions take them.
+
+    A ``NamedTuple`` rather than an attrs class: it is built inside ``step``,
+    and ``torch.compile`` traces a tuple's construction, but not the
+    ``object.__setattr__`` with which a frozen attrs class initialises itself
+    (a graph break on every step).
 
     Attributes:
         lr: learning rate (float or 0-d tensor).

@@ -10,7 +10,7 @@ import torch
 
 import optiplug
 from optiplug import ParameterRoute, Problem, Routing
-from optiplug.base import closure_loss
+from optiplug.base import closure_loss, count_layers
 from optiplug.errors import HyperparameterError, StateDictError
 
 from .routes import Assignment, Route, assign, routes_from
@@ -57,6 +57,15 @@ class MultiOptimizer(torch.optim.Optimizer):
             that creates ``multi`` (``Registry.create`` passes itself, as
             ``multi`` declares the ``"uses-registry"`` capability), else the
             default registry.
+        model: the module the parameters come from; passed to every
+            route's algorithm, for ``no_decay="auto"`` (norms and embeddings
+            by module type) and for algorithms that take it (``muon``).
+        no_decay: every route's default ``no_decay`` (a route's own wins):
+            ``"auto"`` or globs; see :func:`optiplug.base.param_groups`.
+        layer_decay: every route's default ``layer_decay`` (a route's own
+            wins); layer ids are counted over all the parameters, so every
+            route scales by the same depth.
+        num_layers: override of the layer count (default: from all names).
 
     Raises:
         HyperparameterError: a bad route, a parameter no route takes, or bad
@@ -71,14 +80,22 @@ class MultiOptimizer(torch.optim.Optimizer):
         routes: Sequence[Any],
         *,
         registry: optiplug.Registry | None = None,
+        model: torch.nn.Module | None = None,
+        no_decay: str | Sequence[str] | None = None,
+        layer_decay: float | None = None,
+        num_layers: int | None = None,
     ) -> None:
+        if isinstance(params, torch.nn.Module):  # built directly from a module
+            model = params if model is None else model
+            params = params.named_parameters()
         named = _named(params)
         records = routes_from(routes)
         assignments = assign(named, records)
         if registry is None:  # built directly, not by a registry ("uses-registry")
             registry = optiplug.default_registry()
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
-        built = _build(named, records, assignments, registry)
+        shared = _shared_grouping(named, records, model, no_decay, layer_decay, num_layers)
+        built = _build(named, records, assignments, registry, shared)
         super().__init__([p for _, p in named], {})
         self._optimizers = built
         self._routes = {route.name: route.algorithm for route in records if route.name in built}
@@ -286,11 +303,39 @@ class MultiOptimizer(torch.optim.Optimizer):
         super().__setstate__({"defaults": state["defaults"]})
 
 
+def _shared_grouping(
+    named: Sequence[tuple[str, torch.Tensor]],
+    routes: Sequence[Route],
+    model: torch.nn.Module | None,
+    no_decay: str | Sequence[str] | None,
+    layer_decay: float | None,
+    num_layers: int | None,
+) -> dict[str, Any]:
+    """The grouping keywords every route's ``create`` gets (its own hparams win).
+
+    ``num_layers`` is counted over all the parameters, not a route's share,
+    when any route uses ``layer_decay``: a route holding only the embeddings
+    and the head must scale them as the whole model's depth says.
+    """
+    shared: dict[str, Any] = {"model": model, "no_decay": no_decay, "layer_decay": layer_decay}
+    uses_layers = layer_decay is not None or any(
+        r.hparams.get("layer_decay") is not None for r in routes
+    )
+    if num_layers is None and uses_layers:
+        names = [name for name, _ in named]
+        if model is not None:
+            names += [name for name, _ in model.named_parameters()]
+        num_layers = count_layers(names)
+    shared["num_layers"] = num_layers
+    return {key: value for key, value in shared.items() if value is not None}
+
+
 def _build(
     named: Sequence[tuple[str, torch.Tensor]],
     routes: Sequence[Route],
     assignments: Sequence[Assignment],
     registry: optiplug.Registry,
+    shared: Mapping[str, Any],
 ) -> dict[str, torch.optim.Optimizer]:
     built: dict[str, torch.optim.Optimizer] = {}
     for index, route in enumerate(routes):
@@ -300,7 +345,7 @@ def _build(
         if members:
             assert route.name is not None  # routes_from names every route
             built[route.name] = registry.create(
-                route.algorithm, members, impl=route.impl, **route.hparams
+                route.algorithm, members, impl=route.impl, **{**shared, **route.hparams}
             )
     return built
 

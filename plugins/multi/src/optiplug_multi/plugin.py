@@ -20,7 +20,9 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
                 "first match wins."
             ),
             example_hparams={"routes": [{"algorithm": "sgd", "match": "*", "lr": 0.05}]},
-            # "uses-registry": create() passes registry=, so routes resolve where multi did
-            capabilities={"composite", "uses-registry"},
+            # "uses-registry": create() passes registry=, so routes resolve where multi did;
+            # "uses-model": create(multi, module) passes model=; "own-param-groups":
+            # no_decay/layer_decay come to multi, which applies them per route
+            capabilities={"composite", "uses-registry", "uses-model", "own-param-groups"},
         )
     ]

@@ -29,9 +29,9 @@ on every call.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import attrs
 import torch
@@ -46,6 +46,7 @@ __all__ = [
     "SYMMETRIC_BLOCKS",
     "Buffers",
     "Workspace",
+    "allocate_buffers",
     "check_method",
     "default_ns_dtype",
     "method_flops",
@@ -74,7 +75,10 @@ _MIN_BLOCKED = 256
 _SQUARES = {"standard": 2, "gram": 5}
 
 
-@functools.cache
+_NS_DTYPES: dict[str, torch.dtype] = {}
+"""Probed default Newton-Schulz dtype per device type (see :func:`default_ns_dtype`)."""
+
+
 def default_ns_dtype(device_type: str) -> torch.dtype:
     """bfloat16 where the device multiplies bf16 matrices fast, else float32.
 
@@ -84,12 +88,24 @@ def default_ns_dtype(device_type: str) -> torch.dtype:
     768x3072 @ 3072x768 product on a 2-core AMD EPYC with AVX512-BF16).
     Elsewhere bf16 matmul is emulated and slower, so float32.
 
+    The answer is probed once per device type and kept in a plain dict:
+    ``Muon`` probes its parameters' devices when it is built, so a
+    ``torch.compile``-d step only reads the dict (which dynamo traces as a
+    constant), never the capability checks (which it cannot trace).
+
     Args:
         device_type: ``"cpu"``, ``"cuda"``...
 
     Returns:
         The dtype Newton-Schulz runs in when ``ns_dtype`` is None.
     """
+    found = _NS_DTYPES.get(device_type)
+    if found is None:
+        found = _NS_DTYPES.setdefault(device_type, _probe_ns_dtype(device_type))
+    return found
+
+
+def _probe_ns_dtype(device_type: str) -> torch.dtype:
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device_type == "cpu":
@@ -198,9 +214,11 @@ def resolve_method(
     return "gram" if costs["gram"] < costs["standard"] else "standard"
 
 
-@attrs.frozen
-class Buffers:
+class Buffers(NamedTuple):
     """The workspace views for one call of :func:`newton_schulz_`.
+
+    A ``NamedTuple`` (not a frozen attrs class) so that ``torch.compile`` can
+    trace its construction inside ``step``.
 
     Attributes:
         x: ``(B, r, c)``: the matrices to orthogonalise (overwritten).
@@ -211,6 +229,42 @@ class Buffers:
     x: Tensor
     spare: Tensor
     squares: tuple[Tensor, ...]
+
+
+def _buffer_shapes(rows: int, cols: int, method: str) -> dict[str, tuple[int, int]]:
+    """The per-matrix shape of each buffer of ``method``: ``x``, ``spare``, ``square0``..."""
+    k = min(rows, cols)
+    shapes = {"x": (rows, cols), "spare": (rows, cols)}
+    shapes.update({f"square{i}": (k, k) for i in range(_SQUARES[method])})
+    return shapes
+
+
+def allocate_buffers(
+    rows: int, cols: int, batch: int, method: str, dtype: torch.dtype, device: torch.device
+) -> Buffers:
+    """Fresh :class:`Buffers` for ``batch`` matrices, outside any :class:`Workspace`.
+
+    What a compiled step uses: ``torch.compile`` plans the memory of tensors
+    it allocates itself, whereas persistent buffers would be graph inputs
+    written back on every call (and a :class:`Workspace`, an attrs class,
+    cannot be built while tracing).
+
+    Args:
+        rows: matrix rows.
+        cols: matrix columns.
+        batch: matrices orthogonalised together.
+        method: ``"standard"`` or ``"gram"``.
+        dtype: the Newton-Schulz dtype.
+        device: where they live.
+
+    Returns:
+        Uninitialised buffers.
+    """
+    views = [
+        torch.empty((batch, *shape), dtype=dtype, device=device)
+        for shape in _buffer_shapes(rows, cols, method).values()
+    ]
+    return Buffers(views[0], views[1], tuple(views[2:]))
 
 
 @attrs.define
@@ -233,9 +287,7 @@ class Workspace:
 
     def take(self, batch: int, method: str) -> Buffers:
         """Views for ``batch`` matrices orthogonalised by ``method`` ("standard"/"gram")."""
-        k, squares = min(self.rows, self.cols), _SQUARES[method]
-        shapes = {"x": (self.rows, self.cols), "spare": (self.rows, self.cols)}
-        shapes.update({f"square{i}": (k, k) for i in range(squares)})
+        shapes = _buffer_shapes(self.rows, self.cols, method)
         for name, shape in shapes.items():
             held = self.buffers.get(name)
             if held is None or held.shape[0] < batch:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import attrs
 import torch
@@ -26,6 +26,7 @@ from optiplug.errors import HyperparameterError
 from .config import AUX_KEYS, MUON_KEYS, MuonConfig, ns_dtype_name
 from .newton_schulz import (
     Workspace,
+    allocate_buffers,
     check_method,
     default_ns_dtype,
     newton_schulz_,
@@ -64,14 +65,17 @@ def adjust_lr_factor(param: Tensor, adjust_lr: str) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
-@attrs.frozen
-class _Job:
-    """One Muon parameter awaiting orthogonalisation in this step."""
+class _Job(NamedTuple):
+    """One Muon parameter awaiting orthogonalisation in this step.
+
+    A ``NamedTuple``: it is built inside ``step``, where ``torch.compile``
+    cannot trace the ``object.__setattr__`` of a frozen attrs class.
+    """
 
     param: Tensor
     grad: Tensor
     buffer: Tensor
-    group: dict[str, Any] = attrs.field(eq=False)
+    group: dict[str, Any]
 
 
 def _group_dict(
@@ -173,6 +177,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         config: MuonConfig = validated_config(self.algorithm, MuonConfig, params, hparams)
         groups, self._labels = _route(params, config)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
+        for device_type in {tensor.device.type for tensor in parameter_tensors(params)}:
+            default_ns_dtype(device_type)  # probed now, eagerly: a compiled step only reads it
         defaults = {key: getattr(config, key) for key in MUON_KEYS}
         defaults.update({field: getattr(config, field) for field in AUX_KEYS.values()})
         defaults["ns_dtype"] = ns_dtype_name(config.ns_dtype)
@@ -301,7 +307,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         steps = group["ns_steps"]
         rows, cols = matrix_shape(param)
         method = resolve_method(group["ns_method"], rows, cols, steps, param.device.type, len(jobs))
-        buffers = self._workspace(jobs[0]).take(len(jobs), method)
+        if torch.compiler.is_compiling():
+            dtype = _ns_dtype(group, param.device)
+            buffers = allocate_buffers(rows, cols, len(jobs), method, dtype, param.device)
+        else:
+            buffers = self._workspace(jobs[0]).take(len(jobs), method)
         for row, job in zip(buffers.x, jobs, strict=True):
             _direction(row, job)
         result = newton_schulz_(
@@ -427,8 +437,13 @@ def _adamw_update(
     group: Mapping[str, Any],
     state: Any,
 ) -> None:
-    """torch's AdamW kernel: fused where supported (fastest on CPU and GPU), else the loop."""
-    fused = fused_supported(params)
+    """torch's AdamW kernel: fused where supported (fastest on CPU and GPU), else the loop.
+
+    Inside ``torch.compile`` always the loop: torch keeps its fused kernel out
+    of graphs (``torch.compiler.disable``, a graph break), and the compiler
+    fuses the loop's ops itself.
+    """
+    fused = fused_supported(params) and not torch.compiler.is_compiling()
     if fused:
         for index, (param, step) in enumerate(zip(params, steps, strict=True)):
             if step.device != param.device:  # loaded from a CPU checkpoint

@@ -1,0 +1,143 @@
+"""optiplug optimizers in a real Hugging Face ``Trainer`` (tiny random GPT-2, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+import optiplug
+from optiplug.errors import UnknownOptimizerError
+from optiplug.integrations.transformers import (
+    TrainerOptimizer,
+    from_training_args,
+    optimizer_cls_and_kwargs,
+)
+
+STEPS = 20
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """64 random sequences of 16 tokens; the labels are the inputs (causal LM)."""
+
+    def __init__(self) -> None:
+        self.data = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.data[index], "labels": self.data[index]}
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,  # a separate lm_head, so its routing is tested too
+    )
+    return GPT2LMHeadModel(config)
+
+
+def arguments(output_dir: Path, **overrides: Any) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=STEPS,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        save_strategy="steps",
+        save_steps=10,
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        **overrides,
+    )
+
+
+def trainer(output_dir: Path, **kwargs: Any) -> Trainer:
+    cls_and_kwargs = optimizer_cls_and_kwargs("muon", lr=0.02, aux_lr=1e-3, weight_decay=0.01)
+    return Trainer(
+        model=tiny_gpt2(),
+        args=arguments(output_dir),
+        train_dataset=Tokens(),
+        optimizer_cls_and_kwargs=cls_and_kwargs,
+        **kwargs,
+    )
+
+
+def test_muon_routes_embeddings_and_head_to_adamw(tmp_path: Path) -> None:
+    optimizer: Any = trainer(tmp_path).create_optimizer()
+    routing = optimizer.routing()
+    for name in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"):
+        assert routing[name].algorithm == "adamw", routing[name]
+    assert routing["transformer.h.0.attn.c_attn.weight"].algorithm == "muon"
+    # the Trainer's weight-decay rule: matrices decay, biases and norms do not
+    assert routing["transformer.h.0.mlp.c_fc.weight"].weight_decay == 0.01
+    assert routing["transformer.h.0.mlp.c_fc.bias"].weight_decay == 0.0
+
+
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    whole = trainer(tmp_path / "whole")
+    whole.train()
+    resumed = trainer(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-10"))
+    assert resumed.state.global_step == whole.state.global_step == STEPS
+    expected = dict(whole.model.named_parameters())
+    # CPU, fp32, same data order and the same kernels: the runs are bit-identical
+    for name, value in resumed.model.named_parameters():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=name)
+    moved = tiny_gpt2().transformer.h[0].attn.c_attn.weight
+    assert not torch.equal(moved, resumed.model.transformer.h[0].attn.c_attn.weight)
+
+
+def test_training_arguments_translate(tmp_path: Path) -> None:
+    args = arguments(tmp_path, optim="adamw_torch_fused", weight_decay=0.1, adam_beta2=0.95)
+    cls, kwargs = from_training_args(args)
+    assert isinstance(cls, TrainerOptimizer) and kwargs == {}
+    assert cls.factory.name == "adamw" and cls.factory.impl == "fused"
+    assert cls.factory.hparams == {
+        "lr": 1e-3,
+        "weight_decay": 0.1,
+        "betas": (0.9, 0.95),
+        "eps": 1e-8,
+    }
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+    assert optimizer.param_groups[0]["fused"] is True
+
+    sgd, _ = from_training_args(arguments(tmp_path, optim="sgd"), momentum=0.9)
+    assert sgd.factory.hparams == {"lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9}
+    with pytest.warns(UserWarning, match="32 bits"):
+        lion, _ = from_training_args(arguments(tmp_path, optim="lion_8bit"))
+    assert lion.factory.name == "lion" and "eps" not in lion.factory.hparams
+
+
+def test_unsupported_optim_names_say_so(tmp_path: Path) -> None:
+    with pytest.raises(UnknownOptimizerError, match=r"adafactor.*no Adafactor"):
+        from_training_args(arguments(tmp_path, optim="adafactor"))
+    with pytest.raises(UnknownOptimizerError, match="'adagrad' is not supported"):
+        from_training_args(arguments(tmp_path, optim="adagrad"))
+
+
+def test_a_selection_is_accepted_as_is() -> None:
+    selection = optiplug.AutoOptimizer.for_model(tiny_gpt2())
+    cls, kwargs = optimizer_cls_and_kwargs(selection)
+    assert cls.factory is selection
+    assert cls()(tiny_gpt2(), **kwargs).param_groups
+    with pytest.raises(TypeError):
+        optimizer_cls_and_kwargs(selection, lr=1.0)
