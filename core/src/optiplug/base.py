@@ -46,9 +46,14 @@ from torch.optim.optimizer import (  # type: ignore[attr-defined]
 
 from ._core import autotune as _autotune
 from ._core import groups as _groups
-from ._core import params as _params
 from ._core.implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
-from ._core.params import GROUP_META_KEYS
+from ._core.params import (
+    GROUP_META_KEYS,
+    NamedParamGroup,
+    group_overrides,
+    named_param_groups,
+    parameter_tensors,
+)
 from ._core.routing import Routing
 from ._core.specs import ImplementationSpec
 from ._lazy import lazy
@@ -105,31 +110,6 @@ _OWN_PACKAGES = frozenset({"optiplug", "torch"})
 
 
 # ------------------------------------------------------------------ helpers
-def parameter_tensors(params: Iterable[Any]) -> list[torch.Tensor]:
-    """Flatten any accepted ``params`` form into its tensors.
-
-    Args:
-        params: tensors, param-group dicts, or ``(name, tensor)`` pairs (also
-            inside a group's ``"params"``).
-
-    Returns:
-        The parameter tensors in order.
-    """
-    return _params.parameter_tensors(params)
-
-
-def group_overrides(params: Sequence[Any]) -> list[dict[str, Any]]:
-    """The per-group hyperparameter overrides in ``params`` (its param-group dicts).
-
-    Args:
-        params: the (materialised) ``params`` argument.
-
-    Returns:
-        One dict per param-group dict: its keys but ``params`` and ``param_names``.
-    """
-    return _params.group_overrides(params)
-
-
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
     """Evaluate an ``Optimizer.step`` closure with gradients enabled (None gives None).
 
@@ -220,72 +200,6 @@ def _stacklevel(frame: FrameType | None, packages: Iterable[str]) -> int:
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in own:
         frame, level = frame.f_back, level + 1
     return level
-
-
-@attrs.frozen
-class NamedParamGroup:
-    """One param group of an optimizer's ``params``, with each tensor's name.
-
-    Attributes:
-        params: ``(name, tensor)`` pairs; the name is None when the input
-            gave none (a bare tensor without ``param_names``).
-        options: the group's hyperparameter overrides (every key of a
-            param-group dict but ``params`` and ``param_names``).
-    """
-
-    params: tuple[tuple[str | None, torch.Tensor], ...]
-    options: dict[str, Any] = attrs.field(factory=dict)
-
-    @property
-    def named(self) -> bool:
-        """Whether every parameter of the group has a name."""
-        return all(name is not None for name, _ in self.params)
-
-    @property
-    def tensors(self) -> list[torch.Tensor]:
-        """The group's tensors, in order."""
-        return [tensor for _, tensor in self.params]
-
-
-def named_param_groups(params: Iterable[Any]) -> list[NamedParamGroup]:
-    """Parse any accepted ``params`` form into groups of named tensors.
-
-    Accepts what ``torch.optim.Optimizer`` accepts: tensors, ``(name,
-    tensor)`` pairs (``model.named_parameters()``), or param-group dicts
-    whose ``"params"`` is a tensor or a list of either, optionally with
-    ``"param_names"``.
-
-    Args:
-        params: the optimizer's ``params`` argument.
-
-    Returns:
-        One :class:`NamedParamGroup` per param-group dict, or a single one
-        for a flat list (none for an empty one).
-
-    Raises:
-        HyperparameterError: a group's ``param_names`` does not match its
-            parameters one to one.
-    """
-    items = list(params)
-    if not items:
-        return []
-    groups = items if isinstance(items[0], Mapping) else [{"params": items}]
-    parsed = []
-    for group in groups:
-        inner = group["params"]
-        inner = [inner] if isinstance(inner, torch.Tensor) else list(inner)
-        names = group.get("param_names") or [None] * len(inner)
-        if len(names) != len(inner):
-            raise HyperparameterError(
-                "param_names", names, f"gives {len(names)} names for {len(inner)} parameters"
-            )
-        pairs = tuple(
-            (item[0], item[1]) if isinstance(item, tuple) else (name, item)
-            for name, item in zip(names, inner, strict=True)
-        )
-        options = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
-        parsed.append(NamedParamGroup(pairs, options))
-    return parsed
 
 
 def param_groups(

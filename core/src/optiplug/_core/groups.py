@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from ..errors import HyperparameterError
-from .params import GROUP_META_KEYS
+from .params import named_param_groups
 from .routing import ParameterRoute, Routing
 
 __all__ = [
@@ -291,11 +291,11 @@ def plan_groups(
     auto, globs = _patterns(no_decay, algorithm)
     layer_decay, num_layers = _check_layer_decay(layer_decay, num_layers, algorithm)
     params, model = module_params(params, model)
-    groups = _parse(params)
+    groups = named_param_groups(params)
     owners = _owners(model) if model is not None else {}
     entries: list[tuple[str | None, Any, int]] = []
-    for index, (pairs, _) in enumerate(groups):
-        for name, tensor in pairs:
+    for index, group in enumerate(groups):
+        for name, tensor in group.params:
             owner = owners.get(id(tensor))
             entries.append(
                 (name if name is not None else (owner[3] if owner else None), tensor, index)
@@ -321,7 +321,7 @@ def plan_groups(
             scale = layer_decay ** (num_layers - layer)
             reason += f"; layer {layer}/{num_layers} ({why}), lr x{scale:.4g}"
         plans.append(ParamPlan(name, tensor, index, decay, layer, scale, reason))
-    return plans, [options for _, options in groups], named
+    return plans, [group.options for group in groups], named
 
 
 def module_params(params: Any, model: Any = None) -> tuple[list[Any], Any]:
@@ -340,27 +340,6 @@ def module_params(params: Any, model: Any = None) -> tuple[list[Any], Any]:
         module = params
         return list(module.named_parameters()), (model if model is not None else module)
     return list(params), model
-
-
-def _parse(params: Sequence[Any]) -> list[tuple[list[tuple[str | None, Any]], dict[str, Any]]]:
-    """Input groups as ``(pairs, options)`` (one group for a flat list)."""
-    import torch  # deferred: imports torch
-
-    if not params:
-        return []
-    groups = params if isinstance(params[0], Mapping) else [{"params": params}]
-    parsed = []
-    for group in groups:
-        inner = group["params"]
-        inner = [inner] if isinstance(inner, torch.Tensor) else list(inner)
-        names = list(group.get("param_names") or [None] * len(inner))
-        pairs = [
-            (item[0], item[1]) if isinstance(item, tuple) else (name, item)
-            for name, item in zip(names, inner, strict=True)
-        ]
-        options = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
-        parsed.append((pairs, options))
-    return parsed
 
 
 def _scaled(value: Any, scale: float) -> Any:
