@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import optiplug
 from optiplug import cli
 
 
@@ -59,8 +60,49 @@ def test_show_describes_hyperparameters_and_state(capsys: pytest.CaptureFixture[
 def test_show_unknown_name_is_friendly(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["show", "adamm"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("optiplug: error: unknown optimizer 'adamm'. Did you mean 'adam'?")
+    assert err.startswith(
+        "optiplug: error: unknown optimizer 'adamm' (not a schedule either). "
+        "Did you mean the optimizer 'adam'?"
+    )
     assert "Traceback" not in err
+
+
+def test_show_suggests_schedules_too(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["show", "cosin"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "optiplug: error: unknown optimizer 'cosin' (not a schedule either). "
+        "Did you mean the schedule 'cosine'?"
+    )
+    assert "Optimizers: adam, adamw" in err and "Schedules: " in err and "cosine" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(["show", "cosine"]) == 0  # and the suggestion is a name show takes
+
+
+def test_auto_explain_shows_the_effective_hyperparameters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["auto", "--task", "text-classification"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: adam (lr=2e-05, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0" in out
+    assert "\n        because: " in out
+    pytest.importorskip("optiplug_muon")
+    assert (
+        cli.main(["auto", "--task", "causal-lm", "--params", "125M", "--stage", "pretraining"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "chosen: muon (lr=0.02, momentum=0.95, nesterov=True" in out
+    assert "{}" not in out
+
+
+def test_unknown_hyperparameter_message_reads_naturally() -> None:
+    with pytest.raises(optiplug.errors.HyperparameterError) as caught:
+        optiplug.factory("adamw", weight_decya=0.1)
+    assert str(caught.value) == (
+        "unknown hyperparameter 'weight_decya' for optimizer adamw; did you mean "
+        "'weight_decay'? (accepted: amsgrad, betas, eps, lr, maximize, weight_decay)"
+    )
+    assert (caught.value.field, caught.value.value) == ("weight_decya", "<unknown keyword>")
 
 
 def test_python_dash_m_runs_the_cli() -> None:

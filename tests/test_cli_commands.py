@@ -14,7 +14,7 @@ import optiplug.cli
 from optiplug.errors import OptiplugError
 
 BUILTIN_COMMANDS = {
-    "commands": {"auto", "check", "list", "schedule", "show"},
+    "commands": {"auto", "check", "list", "new-plugin", "schedule", "show"},
     "train": {"train"},
 }
 

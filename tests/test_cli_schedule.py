@@ -71,9 +71,19 @@ def test_table_steps_are_even_plus_key_steps() -> None:
     [
         (["schedule", "cosin", "--steps", "5"], "Did you mean 'cosine'"),
         (["schedule", "cosine", "--steps", "5", "--param", "min_ratio=2"], "invalid min_ratio=2"),
-        (["schedule", "cosine", "--steps", "5", "--param", "warmup=2"], "Did you mean"),
-        (["schedule", "exponential", "--steps", "5"], "invalid gamma='<missing>'"),
+        (
+            ["schedule", "cosine", "--steps", "5", "--param", "warmup=2"],
+            "unknown parameter 'warmup' for schedule cosine; did you mean 'warmup_steps'?",
+        ),
+        (
+            ["schedule", "exponential", "--steps", "5"],
+            "schedule exponential: missing required parameter 'gamma'",
+        ),
         (["schedule", "constant", "--steps", "-1"], "--steps must be >= 0"),
+        (
+            ["schedule", "step", "--steps", "5"],
+            "optiplug: error: schedule step: missing required parameter 'step_size'",
+        ),
     ],
 )
 def test_schedule_errors_exit_2_with_one_line(
@@ -128,3 +138,34 @@ def test_show_works_for_every_builtin(name: str, capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert out.startswith(f"{name} - ")
     assert "formula" in out and "parameters:" in out
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [
+        ("missing/dir/curve.png", "the directory '{tmp}/missing/dir' does not exist"),
+        ("curve.foo", "unsupported image format '.foo'; name the file with one of: "),
+        ("curve", "no file extension"),
+        (".", "is a directory"),
+    ],
+)
+def test_plot_path_is_checked_before_anything_is_printed(
+    plot: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(["schedule", "cosine", "--steps", "10", "--plot", str(tmp_path / plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.startswith("optiplug: error: --plot ")
+    assert message.format(tmp=tmp_path) in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_plot_formats_come_from_matplotlib() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = _cli_schedule.plot_formats()
+    assert set(formats) == set(FigureCanvasBase.get_supported_filetypes())
+    assert {"png", "pdf", "svg"} <= set(formats)
+    _cli_schedule.check_plot_path("curve.PDF")  # the extension's case does not matter

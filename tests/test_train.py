@@ -77,7 +77,7 @@ def test_short_run_reports_losses_baseline_and_sample(capsys: pytest.CaptureFixt
     figures = losses(out)
     assert figures["validation"] < figures["initial"] - 0.3  # it learned
     assert 2.5 < figures["unigram baseline"] < 4.0  # Python source: ~3.2 nats/char
-    assert re.search(r"^step 30/30 .*loss [\d.]+  val [\d.]+  lr", out, re.MULTILINE)
+    assert re.search(r"^step 30/30 .*loss [\d.]+  val\(16w\) [\d.]+  lr", out, re.MULTILINE)
     sample = out.split("seed 0):\n", 1)[1]
     assert sample.startswith("def ") and len(sample.rstrip("\n")) >= 40
 
@@ -155,6 +155,8 @@ def test_unknown_optimizer_exits_2_with_a_suggestion(capsys: pytest.CaptureFixtu
         (["--prompt", "\u20ac"], "invalid prompt='\u20ac': characters not in the corpus"),
         (["--device", "warp-drive"], "--device 'warp-drive' cannot be used here"),
         (["--compare", "adamw", "--save", "x"], "--compare runs in one process"),
+        (["--temperature", "-0.5"], "invalid temperature=-0.5: must be a finite number >= 0"),
+        (["--impl", "nosuch"], "adamw: invalid impl='nosuch': no such implementation"),
     ],
 )
 def test_bad_options_exit_2(
@@ -228,7 +230,8 @@ def test_progress_bar_on_a_terminal_and_log_lines_elsewhere() -> None:
     bar.close()
     drawn = terminal.getvalue()
     assert drawn.startswith("\rstep  50/100  [##########..........]  50%") and drawn.endswith("\n")
-    assert "steps/s  loss 2.500  val 2.400  lr 1.00e-03  eta" in drawn
+    assert "steps/s  loss 2.500  lr 1.00e-03  eta" in drawn  # while it runs: the time left
+    assert "steps/s  loss 2.500  val 2.400  lr 1.00e-03  in 0s" in drawn  # at the end: taken
     assert logged == []
     pipe, logged = io.StringIO(), []
     quiet = Progress(100, stream=pipe, log=logged.append)

@@ -108,7 +108,10 @@ def factory(
         An :class:`OptimizerFactory`.
 
     Raises:
-        Same as :func:`create`, except nothing is built.
+        UnknownOptimizerError: no plugin provides ``name`` (with a suggestion).
+        OptimizerUnavailableError: its plugin failed, is disabled or unavailable.
+        PluginConflictError: several plugins provide ``name`` and no ``provider``.
+        HyperparameterError: an unknown or invalid hyperparameter.
     """
     return default_registry().factory(name, impl=impl, provider=provider, **hparams)
 

@@ -158,13 +158,25 @@ class PluginConflictError(OptiplugError, LookupError):
         return self.message
 
 
+_WHOLE_SENTENCE_VALUES = frozenset({"<unknown keyword>", "<missing>"})
+"""A :class:`HyperparameterError` value for which ``reason`` is the whole message."""
+
+
 class HyperparameterError(OptiplugError, ValueError):
     """A hyperparameter (or schedule parameter) is invalid.
 
+    The message reads ``adamw: invalid lr=-1: must be > 0.`` for a bad value.
+    For a keyword that is unknown (``value`` is ``"<unknown keyword>"``) or
+    missing (``"<missing>"``) there is no value to show, and ``reason`` is
+    the whole message, e.g. ``unknown parameter 'warmup' for schedule
+    cosine; did you mean 'warmup_steps'? (accepted: ...)``.
+
     Attributes:
         field: the hyperparameter's name.
-        value: the rejected value.
-        reason: the constraint it broke.
+        value: the rejected value (``"<unknown keyword>"`` or ``"<missing>"``
+            for a keyword that is not accepted or not given).
+        reason: the constraint it broke (the whole message for an unknown or
+            missing keyword).
         algorithm: the algorithm or schedule it was given to, when known.
         suggestion: for an unknown name, the closest valid one.
     """
@@ -183,9 +195,12 @@ class HyperparameterError(OptiplugError, ValueError):
         self.reason = reason
         self.algorithm = algorithm
         self.suggestion = suggestion
-        where = f"{algorithm}: " if algorithm else ""
-        hint = f" Did you mean {suggestion!r}?" if suggestion else ""
-        self.message = f"{where}invalid {field}={value!r}: {reason}.{hint}"
+        if isinstance(value, str) and value in _WHOLE_SENTENCE_VALUES:
+            self.message = reason  # an unknown or missing keyword: the caller's full sentence
+        else:
+            where = f"{algorithm}: " if algorithm else ""
+            hint = f" Did you mean {suggestion!r}?" if suggestion else ""
+            self.message = f"{where}invalid {field}={value!r}: {reason}.{hint}"
         super().__init__(self.message)
 
     def __str__(self) -> str:

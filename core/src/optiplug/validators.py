@@ -258,13 +258,16 @@ def _accepts_any_keyword(factory: Callable[..., Any]) -> bool:
 def _reject_unknown(names: Iterable[str], known: set[str], algorithm: str) -> None:
     for name in sorted(names):
         if name not in known:
-            accepted = ", ".join(sorted(known))
+            accepted = ", ".join(sorted(known)) or "none"
+            suggestion = closest_name(name, known)
+            hint = f"; did you mean {suggestion!r}?" if suggestion else ""
             raise HyperparameterError(
                 name,
                 "<unknown keyword>",
-                f"not a hyperparameter of {algorithm}; accepted: {accepted}",
+                f"unknown hyperparameter {name!r} for optimizer {algorithm}{hint} "
+                f"(accepted: {accepted})",
                 algorithm=algorithm,
-                suggestion=closest_name(name, known),
+                suggestion=suggestion,
             )
 
 

@@ -12,6 +12,7 @@ from ..errors import HyperparameterError, closest_name
 __all__ = ["build_schedule"]
 
 _MISSING = "<missing>"
+_UNKNOWN = "<unknown keyword>"
 
 
 # ------------------------------------------------------------------ building by name
@@ -35,17 +36,24 @@ def _check_keywords(name: str, factory: Callable[..., Any], kwargs: Iterable[str
     known = {p.name for p in parameters}
     given = set(kwargs)
     for keyword in sorted(given - known):
-        accepted = ", ".join(sorted(known)) or "(none)"
+        accepted = ", ".join(sorted(known)) or "none"
+        suggestion = closest_name(keyword, known)
+        hint = f"; did you mean {suggestion!r}?" if suggestion else ""
         raise HyperparameterError(
             keyword,
-            "<unknown keyword>",
-            f"not a parameter of schedule {name}; accepted: {accepted}",
+            _UNKNOWN,
+            f"unknown parameter {keyword!r} for schedule {name}{hint} (accepted: {accepted})",
             algorithm=name,
-            suggestion=closest_name(keyword, known),
+            suggestion=suggestion,
         )
     for parameter in parameters:
         if parameter.default is inspect.Parameter.empty and parameter.name not in given:
-            raise HyperparameterError(parameter.name, _MISSING, "is required", algorithm=name)
+            raise HyperparameterError(
+                parameter.name,
+                _MISSING,
+                f"schedule {name}: missing required parameter {parameter.name!r}",
+                algorithm=name,
+            )
 
 
 def build_schedule(spec: ScheduleSpec, kwargs: Mapping[str, Any]) -> Any:

@@ -349,7 +349,10 @@ class Registry:
         The name and hyperparameters are checked now; see :func:`optiplug.factory`.
 
         Raises:
-            Same as :meth:`create`, except nothing is built.
+            UnknownOptimizerError: no plugin provides ``name`` (with a suggestion).
+            OptimizerUnavailableError: its plugin failed, is disabled or unavailable.
+            PluginConflictError: several plugins provide ``name`` and no ``provider``.
+            HyperparameterError: an unknown or invalid hyperparameter.
         """
         found = self.spec(name, provider=provider)
         validated_hparams(found, hparams)

@@ -16,6 +16,7 @@ import attrs
 
 from .._text import format_table
 from ..errors import OptiplugError
+from .binding import provided_default
 from .create import OptimizerFactory
 from .specs import Candidate, SelectionRequest
 
@@ -130,6 +131,26 @@ def _describe_request(request: SelectionRequest) -> str:
     return ", ".join(parts)
 
 
+def _effective_hparams(selection: Selection) -> dict[str, Any]:
+    """The chosen algorithm's defaults (as registered) with the candidate's hyperparameters over them.
+
+    Defaults that are None (``model``, "decide later" settings) are left out.
+    The candidate's alone when the algorithm's spec cannot be looked up (a
+    registry that only creates, or a name no longer registered).
+    """
+    registry = selection.registry if selection.registry is not None else provided_default()
+    lookup = getattr(registry, "spec", None)
+    defaults: dict[str, Any] = {}
+    if callable(lookup):
+        try:
+            spec = lookup(selection.name, provider=selection.provider)
+        except OptiplugError:
+            spec = None
+        found = getattr(spec, "hyperparameters", ())
+        defaults = {h.name: h.default for h in found if h.default is not None}
+    return {**defaults, **selection.hparams}
+
+
 def explain_selection(selection: Selection) -> str:
     """Render a selection's candidates as an aligned table with the verdict."""
     rows = []
@@ -141,7 +162,9 @@ def explain_selection(selection: Selection) -> str:
         rows.append([f"{c.score:g}", c.algorithm, hparams, c.rule or "-", origin, status])
     table = format_table(["score", "algorithm", "hparams", "rule", "plugin", "status"], rows)
     lines = [f"request: {_describe_request(selection.request)}"]
-    lines.append(f"chosen: {selection.optimizer} {selection.hparams} - {selection.reason}")
+    hparams = ", ".join(f"{k}={v!r}" for k, v in _effective_hparams(selection).items())
+    lines.append(f"chosen: {selection.optimizer} ({hparams or 'no hyperparameters'})")
+    lines.append(f"        because: {selection.reason}")
     if selection.schedule is not None:
         lines.append(f"schedule: {selection.schedule!r}")
     return "\n".join([*lines, "", table])

@@ -14,17 +14,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from typing import Any
 
 from .._core.registry import Registry
 from ..errors import OptiplugError
 from .compare import availability, compare, parse_compare
 from .config import TrainConfig
+from .cpus import ThreadChoice, choose_threads
 from .data import load_corpus
 from .launch import launch, torch_threads
 from .loop import check_run, train
-from .optim import make_schedule
 from .options import DEFAULT_PLOT, config_from_args
+from .preflight import preflight
 from .report import compare_table, header, plot_losses, report
 from .results import TrainResult
 
@@ -45,14 +45,6 @@ def _check_combinations(args: argparse.Namespace, config: TrainConfig) -> None:
         raise OptiplugError("--plot goes with --compare")
 
 
-def _preflight(config: TrainConfig, registry: Registry) -> None:
-    """Fail fast (before loading data or starting processes) on a bad name or value."""
-    make_schedule(config, registry)
-    if config.optimizer != "auto":
-        overrides: dict[str, Any] = {} if config.lr is None else {"lr": config.lr}
-        registry.factory(config.optimizer, impl=config.impl, **overrides)
-
-
 def _matplotlib_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
@@ -64,17 +56,26 @@ def _plot_title(config: TrainConfig) -> str:
     )
 
 
-def _run_compare(args: argparse.Namespace, config: TrainConfig, registry: Registry) -> int:
-    entries = parse_compare(args.compare)
-    availability(entries, registry)
+def _threads(args: argparse.Namespace, config: TrainConfig) -> ThreadChoice:
+    """The threads per process, and where the number comes from."""
+    given_by = "--threads" if args.threads is not None else f"saved in {config.resume}"
+    return choose_threads(config.threads, config.nproc, given_by=given_by)
+
+
+def _run_compare(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    registry: Registry,
+    entries: list[tuple[str, float | None]],
+) -> int:
     can_plot = _matplotlib_available()
     if not can_plot:
         print(f"note: {_MATPLOTLIB_MISSING}", file=sys.stderr)
     corpus = load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
-    make_schedule(config, registry)
-    print(header(config, corpus), flush=True)
-    with torch_threads(config.threads):
+    threads = _threads(args, config)
+    print(header(config, corpus, threads), flush=True)
+    with torch_threads(threads.threads):
         results = compare(config, entries, registry, corpus, quiet=args.quiet)
     trained = [r for r in results if isinstance(r, TrainResult)]
     print()
@@ -90,11 +91,12 @@ def _run_compare(args: argparse.Namespace, config: TrainConfig, registry: Regist
 def _run_single(args: argparse.Namespace, config: TrainConfig, registry: Registry) -> int:
     corpus = load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
-    print(header(config, corpus), flush=True)
+    threads = _threads(args, config)
+    print(header(config, corpus, threads), flush=True)
     if config.nproc > 1:
-        result: TrainResult | None = launch(config, quiet=args.quiet)
+        result: TrainResult | None = launch(config, quiet=args.quiet, threads=threads.threads)
     else:
-        with torch_threads(config.threads):
+        with torch_threads(threads.threads):
             result = train(config, registry, corpus, quiet=args.quiet)
     if result is None:
         raise OptiplugError("the run returned no result")
@@ -106,6 +108,11 @@ def _run_single(args: argparse.Namespace, config: TrainConfig, registry: Registr
 def run(args: argparse.Namespace) -> int:
     """Run ``optiplug train`` (one run, ``--nproc`` processes, or ``--compare``).
 
+    Every option is checked before the corpus is read or a step is taken
+    (:func:`~optiplug._train.preflight.preflight`): a mistake that would end
+    the run late (a save directory under a file, a plot in a missing
+    directory, an unknown ``--impl``) costs nothing.
+
     Args:
         args: the parsed arguments; ``args.registry`` is where optimizers and
             schedules are looked up.
@@ -114,13 +121,19 @@ def run(args: argparse.Namespace) -> int:
         0 on success (optiplug errors propagate to the CLI, which exits 2).
 
     Raises:
-        OptiplugError: bad options, an unknown optimizer or schedule, a corpus
-            too small, a run that cannot be resumed, or a failed process.
+        OptiplugError: bad options, an unknown optimizer or schedule, a path
+            that could not be written, a corpus too small, a run that cannot
+            be resumed, or a failed process.
     """
     registry: Registry = args.registry
     config = config_from_args(args)
     _check_combinations(args, config)
-    if args.compare:
-        return _run_compare(args, config, registry)
-    _preflight(config, registry)
-    return _run_single(args, config, registry)
+    if not args.compare:
+        preflight(config, registry)
+        return _run_single(args, config, registry)
+    entries = parse_compare(args.compare)
+    reasons = availability(entries, registry)
+    runnable = [(name, lr) for name, lr in entries if reasons[name] is None]
+    plot = (args.plot or DEFAULT_PLOT) if _matplotlib_available() else None
+    preflight(config, registry, optimizers=runnable, plot=plot)
+    return _run_compare(args, config, registry, entries)

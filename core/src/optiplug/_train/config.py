@@ -68,6 +68,13 @@ def _check_clip(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> 
         )
 
 
+def _check_temperature(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise HyperparameterError(
+            attribute.name, value, "must be a finite number >= 0 (0 = greedy)", algorithm="train"
+        )
+
+
 def _check_policy(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in NONFINITE_POLICIES:
         raise HyperparameterError(
@@ -104,15 +111,16 @@ class TrainConfig:
         eval_every: steps between validation points; None = ``steps // 10``.
         eval_windows: validation windows per point on the curve.
         sample_chars: characters to generate at the end (0 = none).
-        temperature: sampling temperature (0 = greedy).
+        temperature: sampling temperature, finite and >= 0 (0 = greedy).
         prompt: the sample's prompt; None = ``"def "`` when the vocabulary has it.
         save: directory to save to (``checkpoint/`` and ``train.json``), or None.
         save_every: save every N steps too (besides the end), or None.
         resume: directory to resume from, or None.
         stop_at: stop after this step (saving first), keeping the schedule over ``steps``.
         nproc: processes (torch.distributed, gloo); each gets ``batch_size / nproc``.
-        threads: torch intra-op threads (per process); None keeps torch's default
-            (with ``nproc``: the CPU count divided among the processes).
+        threads: torch intra-op threads (per process); None = the CPUs available
+            to this process (affinity mask, cgroup quota), divided among the
+            processes (see :mod:`optiplug._train.cpus`).
         nonfinite: ``"stop"`` the run on a non-finite loss (keeping the last
             good checkpoint), or ``"skip"`` such batches (``Graph.set_nonfinite_policy``).
         clip: clip the global gradient norm (L2) to this before every step
@@ -138,7 +146,7 @@ class TrainConfig:
     eval_every: int | None = attrs.field(default=None, validator=_optional(1))
     eval_windows: int = attrs.field(default=256, validator=_at_least(1))
     sample_chars: int = attrs.field(default=200, validator=_at_least(0))
-    temperature: float = 0.8
+    temperature: float = attrs.field(default=0.8, validator=_check_temperature)
     prompt: str | None = None
     save: str | None = None
     save_every: int | None = attrs.field(default=None, validator=_optional(1))

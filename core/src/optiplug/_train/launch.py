@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import os
 import pickle
 import socket
 import tempfile
@@ -24,6 +23,7 @@ from torch.multiprocessing.spawn import ProcessException, spawn
 from .._core.registry import bound_registry
 from ..errors import OptiplugError
 from .config import TrainConfig
+from .cpus import choose_threads
 from .data import load_corpus
 from .loop import check_run, train
 from .report import echo
@@ -37,7 +37,8 @@ def torch_threads(count: int | None) -> Iterator[None]:
     """Use ``count`` torch intra-op threads inside the block (None: leave them alone).
 
     On a machine shared with other work, fewer threads than cores is often much
-    faster: spinning OpenMP threads wait for each other on every small op.
+    faster: spinning OpenMP threads wait for each other on every small op
+    (:func:`~optiplug._train.cpus.choose_threads` picks the default).
 
     Args:
         count: the thread count, or None.
@@ -62,9 +63,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool) -> None:
+def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool, threads: int) -> None:
     """One process of a ``--nproc`` run (the target of ``torch.multiprocessing.spawn``)."""
-    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // config.nproc))
+    torch.set_num_threads(threads)
     torch.distributed.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -83,7 +84,7 @@ def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool) ->
         torch.distributed.destroy_process_group()
 
 
-def launch(config: TrainConfig, *, quiet: bool = False) -> TrainResult:
+def launch(config: TrainConfig, *, quiet: bool = False, threads: int | None = None) -> TrainResult:
     """Run ``config`` in ``config.nproc`` processes (gloo on 127.0.0.1, a free port).
 
     Every process builds the same seeded Graph, which wraps the model in DDP
@@ -94,6 +95,8 @@ def launch(config: TrainConfig, *, quiet: bool = False) -> TrainResult:
     Args:
         config: the run (``config.nproc`` processes).
         quiet: log lines instead of a progress bar.
+        threads: torch threads per process (default: ``config.threads``, else
+            the CPUs available to this process divided among the processes).
 
     Returns:
         Rank 0's :class:`TrainResult`.
@@ -104,7 +107,8 @@ def launch(config: TrainConfig, *, quiet: bool = False) -> TrainResult:
     check_run(config, load_corpus(config.data, config.max_chars))
     with tempfile.TemporaryDirectory(prefix="optiplug-train-") as scratch:
         out = Path(scratch) / "result.pickle"
-        args = (config, _free_port(), str(out), quiet)
+        per_process = threads or choose_threads(config.threads, config.nproc).threads
+        args = (config, _free_port(), str(out), quiet, per_process)
         try:
             spawn(_worker, args=args, nprocs=config.nproc)  # type: ignore[no-untyped-call]
         except ProcessException as error:

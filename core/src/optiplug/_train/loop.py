@@ -24,14 +24,13 @@ from .checkpoints import require_checkpoints, resume_run, save_run
 from .config import TrainConfig
 from .data import Corpus, Windows, load_corpus, spread, unigram_entropy, windows
 from .model import CharTransformer, generate, mean_loss, next_token_loss
-from .optim import make_schedule, resolve_optimizer
-from .report import Progress, echo
+from .optim import effective_hparams, make_schedule, resolve_optimizer
+from .report import Progress, echo, run_header
 from .results import TrainResult
 
 __all__ = ["build_graph", "check_run", "train"]
 
 _FINAL_WINDOWS = 4096
-_SHOWN_HPARAMS = ("betas", "momentum", "weight_decay", "nesterov")
 
 
 # ------------------------------------------------------------------ setup
@@ -244,11 +243,19 @@ def _model(graph: Graph) -> CharTransformer:
     return graph.module
 
 
-def _hyperparameters(graph: Graph) -> dict[str, Any]:
-    if graph.optimizer is None:
-        raise OptiplugError("the Graph has no optimizer")
-    found = {k: v for k, v in graph.optimizer.defaults.items() if k in _SHOWN_HPARAMS}
-    return {"lr": graph.base_lrs[0], **found}
+def _announce(
+    graph: Graph, chosen: OptimizerFactory, config: TrainConfig, registry: Registry, start: int
+) -> str:
+    """What is about to be trained: parameters, optimizer and its hyperparameters, schedule."""
+    return run_header(
+        parameters=sum(p.numel() for p in graph.parameters()),
+        optimizer=chosen.name,
+        hyperparameters=effective_hparams(chosen, registry),
+        schedule=repr(graph.schedule),
+        steps=(start, config.last_step),
+        impl=config.impl,
+        reason=getattr(chosen, "reason", ""),
+    )
 
 
 def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) -> dict[str, Any]:
@@ -264,6 +271,8 @@ def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) 
         seed=config.seed,
     )
     return {
+        "val_windows": len(val_rows),
+        "curve_windows": len(spread(windows(corpus.val, config.block_size), config.eval_windows)),
         "steps": graph.training_step,
         "initial_val_loss": curves.val[0][1],
         "train_loss": mean_loss(graph.module, train_rows, graph.device),
@@ -279,10 +288,12 @@ def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) 
     }
 
 
-def _result(graph: Graph, chosen: OptimizerFactory, measured: dict[str, Any]) -> TrainResult:
+def _result(
+    graph: Graph, chosen: OptimizerFactory, registry: Registry, measured: dict[str, Any]
+) -> TrainResult:
     return TrainResult(
         optimizer=chosen.name,
-        hyperparameters=_hyperparameters(graph),
+        hyperparameters=effective_hparams(chosen, registry),
         schedule=repr(graph.schedule),
         parameters=sum(p.numel() for p in graph.parameters()),
         reason=getattr(chosen, "reason", ""),
@@ -326,6 +337,10 @@ def train(
     lead = _ranks.rank() == 0
     graph, chosen = build_graph(config, corpus, registry)
     start = _start(graph, config, corpus, registry)
+    evaluator = _Evaluator(graph, config, corpus, lead)
+    if lead and log is not None:
+        for line in _announce(graph, chosen, config, registry, start).splitlines():
+            log(label + line)
     progress = Progress(
         config.last_step,
         start=start,
@@ -333,9 +348,10 @@ def train(
         quiet=quiet or not lead,
         log=log if lead else None,
         label=label,
+        val_label=f"val({len(evaluator.curve_rows)}w)",
     )
     began = time.perf_counter()
-    curves = _loop(graph, config, corpus, _Evaluator(graph, config, corpus, lead), progress)
+    curves = _loop(graph, config, corpus, evaluator, progress)
     seconds = time.perf_counter() - began
     if config.save and curves.saved_at != graph.training_step:
         save_run(graph, config, corpus)
@@ -345,4 +361,4 @@ def train(
     measured = _finish(graph, config, corpus, curves)
     if _ranks.active():
         torch.distributed.barrier()
-    return _result(graph, chosen, {**measured, "start_step": start, "seconds": seconds})
+    return _result(graph, chosen, registry, {**measured, "start_step": start, "seconds": seconds})

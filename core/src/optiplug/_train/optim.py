@@ -18,7 +18,7 @@ from .config import TrainConfig
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["make_schedule", "resolve_optimizer"]
+__all__ = ["effective_hparams", "make_schedule", "resolve_optimizer"]
 
 
 def _accepts(factory: Any, keyword: str) -> bool:
@@ -87,3 +87,21 @@ def resolve_optimizer(
     hparams = {**selection.hparams, **overrides}
     registry.factory(selection.name, impl=impl, **hparams)  # validate
     return attrs.evolve(selection, hparams=hparams, impl=impl)
+
+
+def effective_hparams(factory: OptimizerFactory, registry: Registry) -> dict[str, Any]:
+    """The hyperparameters the optimizer runs with: its registered defaults, then the factory's.
+
+    Defaults that are None (``model``, "decided later" settings) are left out.
+
+    Args:
+        factory: the run's optimizer factory (or ``AutoOptimizer`` selection).
+        registry: where its algorithm is registered.
+
+    Returns:
+        ``{name: value}``, in the algorithm's own order, ``lr`` first.
+    """
+    spec = registry.spec(factory.name, provider=factory.provider)
+    found = {h.name: h.default for h in spec.hyperparameters if h.default is not None}
+    merged = {**found, **factory.hparams}
+    return {"lr": merged.pop("lr")} | merged if "lr" in merged else merged

@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .._text import format_table
 from .config import TrainConfig
+from .cpus import ThreadChoice
 from .results import Skipped, TrainResult
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "header",
     "plot_losses",
     "report",
+    "run_header",
     "smooth",
 ]
 
@@ -45,8 +47,13 @@ class Progress:
     """A progress line on a terminal, or a few log lines elsewhere.
 
     On a TTY (and unless ``quiet``) it redraws one line on ``stream`` with the
-    step, steps/s, loss, validation loss, lr and time left. Otherwise it stays
-    silent between validation points and logs one line at each.
+    step, steps/s, loss, validation loss, lr and time left. Each redraw
+    returns to the start of the line with ``\\r`` and pads the new text with
+    spaces to the previous one's length, so no character of a longer earlier
+    line is left behind; the line is cut to the terminal's width (a wrapped
+    line could not be redrawn). The last line shows the time taken instead of
+    the time left, and ends the line. Otherwise it stays silent between
+    validation points and logs one line at each.
 
     Args:
         total: the step the run ends at.
@@ -55,6 +62,8 @@ class Progress:
         quiet: never draw the bar.
         log: where log lines go (default ``print``); None drops them.
         label: a prefix, e.g. the optimizer's name.
+        val_label: what the validation loss is called, e.g. ``"val(256w)"``
+            for a loss measured on 256 windows.
     """
 
     def __init__(
@@ -66,13 +75,15 @@ class Progress:
         quiet: bool = False,
         log: Callable[[str], None] | None = echo,
         label: str = "",
+        val_label: str = "val",
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.bar = not quiet and _is_tty(self.stream)
-        self.total, self.start, self.label = total, start, label
+        self.total, self.start, self.label, self.val_label = total, start, label, val_label
         self.log = log
         self.began = time.perf_counter()
         self.drawn = 0.0
+        self.shown = 0  # characters of the line on screen now
         self.step = start
         self.loss = self.val = self.lr = self.grad_norm = math.nan
 
@@ -83,8 +94,7 @@ class Progress:
         now = time.perf_counter()
         if self.bar and (now - self.drawn >= 0.1 or step >= self.total):
             self.drawn = now
-            self.stream.write("\r" + self.line(bar=True))
-            self.stream.flush()
+            self._draw(self.line(bar=True))
 
     def evaluated(self, step: int, val: float) -> None:
         """Record a validation point; off a terminal, log a line."""
@@ -93,18 +103,26 @@ class Progress:
             self.log(self.line(bar=False))
 
     def close(self) -> None:
-        """End the bar's line."""
+        """Draw the final line (time taken, not time left) and end it."""
         if self.bar:
-            self.stream.write("\r" + self.line(bar=True) + "\n")
-            self.stream.flush()
+            self._draw(self.line(bar=True, final=True), end="\n")
+
+    def _draw(self, text: str, end: str = "") -> None:
+        """Rewrite the line: ``\\r``, the text cut to the terminal, padded over the last one."""
+        columns = _columns(self.stream)
+        if columns is not None and len(text) >= columns:
+            text = text[: max(1, columns - 1)]
+        self.stream.write("\r" + text.ljust(self.shown) + end)
+        self.stream.flush()
+        self.shown = 0 if end else len(text)
 
     def rate(self) -> float:
         """Steps per second since the start."""
         elapsed = time.perf_counter() - self.began
         return (self.step - self.start) / elapsed if elapsed > 0 else 0.0
 
-    def line(self, *, bar: bool) -> str:
-        """The progress text: step, bar (on a TTY), speed, losses, lr, time left."""
+    def line(self, *, bar: bool, final: bool = False) -> str:
+        """The progress text: step, bar (on a TTY), speed, losses, lr, time left (or taken)."""
         width = len(str(self.total))
         parts = [f"{self.label}step {self.step:>{width}}/{self.total}"]
         if bar:
@@ -112,16 +130,26 @@ class Progress:
             parts.append(f"[{'#' * round(20 * done):.<20}] {100 * done:3.0f}%")
         rate = self.rate()
         parts.append(f"{rate:5.1f} steps/s")
-        for name, value, shown in (("loss", self.loss, ".3f"), ("val", self.val, ".3f")):
+        for name, value in (("loss", self.loss), (self.val_label, self.val)):
             if not math.isnan(value):
-                parts.append(f"{name} {value:{shown}}")
+                parts.append(f"{name} {value:.3f}")
         if not math.isnan(self.lr):
             parts.append(f"lr {self.lr:.2e}")
         if not math.isnan(self.grad_norm):
             parts.append(f"gnorm {self.grad_norm:.3g}")
-        if bar and rate > 0:
+        if bar and final:
+            parts.append(f"in {_duration(time.perf_counter() - self.began)}")
+        elif bar and rate > 0:
             parts.append(f"eta {_duration((self.total - self.step) / rate)}")
         return "  ".join(parts)
+
+
+def _columns(stream: IO[str]) -> int | None:
+    """The width of the terminal ``stream`` writes to, or None when it is not one."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
 
 
 def _is_tty(stream: IO[str]) -> bool:
@@ -146,21 +174,28 @@ def format_hparams(hparams: dict[str, Any]) -> str:
     )
 
 
-def header(config: TrainConfig, corpus: Corpus) -> str:
-    """The lines printed before training: corpus, model and batch.
+def header(config: TrainConfig, corpus: Corpus, threads: ThreadChoice | None = None) -> str:
+    """The lines printed before training: corpus, model, batch, device and threads.
 
     Args:
         config: the run.
         corpus: its corpus.
+        threads: the torch threads per process, and why (None: not shown).
 
     Returns:
-        Four lines of text (five with ``--clip``).
+        Five lines of text (four without ``threads``; one more with ``--clip``).
     """
     total = len(corpus.train) + len(corpus.val)
     processes = f", {config.nproc} processes" if config.nproc > 1 else ""
     clip = (
         [f"clip:   global gradient norm (L2) clipped to {config.clip:g} before every step"]
         if config.clip is not None
+        else []
+    )
+    per_process = " per process" if config.nproc > 1 else ""
+    device = (
+        [f"device: {config.device}; threads: {threads.threads}{per_process} ({threads.why})"]
+        if threads is not None
         else []
     )
     return "\n".join(
@@ -173,7 +208,44 @@ def header(config: TrainConfig, corpus: Corpus) -> str:
             f"{config.n_head} heads, context {config.block_size}",
             f"batch:  {config.batch_size} windows x {config.block_size} characters per step"
             f"{processes}",
+            *device,
             *clip,
+        ]
+    )
+
+
+def run_header(
+    *,
+    parameters: int,
+    optimizer: str,
+    hyperparameters: dict[str, Any],
+    schedule: str,
+    steps: tuple[int, int],
+    impl: str | None = None,
+    reason: str = "",
+) -> str:
+    """What is about to be trained, printed before the first step.
+
+    Args:
+        parameters: the model's parameter count.
+        optimizer: the optimizer's name.
+        hyperparameters: its effective hyperparameters (defaults and overrides).
+        schedule: the schedule, as its ``repr``.
+        steps: the step training starts from and the one it stops at.
+        impl: the forced implementation, or None (measured).
+        reason: why ``AutoOptimizer`` chose it, if it did.
+
+    Returns:
+        Lines of text.
+    """
+    forced = f"; implementation {impl} (--impl)" if impl else ""
+    start, stop = steps
+    return "\n".join(
+        [
+            f"optimizer: {optimizer} ({format_hparams(hyperparameters)}){forced}",
+            *([f"           chosen because: {reason}"] if reason else []),
+            f"schedule:  {schedule}",
+            f"training:  {parameters:,} parameters, steps {start} to {stop}",
         ]
     )
 
@@ -217,13 +289,13 @@ def report(result: TrainResult, config: TrainConfig) -> str:
 
 
 def _loss_table(result: TrainResult) -> str:
+    initial = result.initial_val_loss
+    windows = f"all {result.val_windows:,} windows" if result.val_windows else "the whole split"
+    start = f"step {result.start_step}: {initial:.4f}"
+    curve = f" ({result.curve_windows:,} windows)" if result.curve_windows else ""
     rows = [
         ["train", f"{result.train_loss:.4f}", ""],
-        [
-            "validation",
-            f"{result.val_loss:.4f}",
-            f"step {result.start_step}: {result.initial_val_loss:.4f}",
-        ],
+        ["validation", f"{result.val_loss:.4f}", f"{windows}; {start}{curve}"],
         ["unigram baseline", f"{result.baseline:.4f}", "entropy of the training characters"],
     ]
     return format_table(["loss", "nats/char", "note"], rows)

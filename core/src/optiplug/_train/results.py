@@ -18,7 +18,8 @@ class TrainResult:
 
     Attributes:
         optimizer: the algorithm's name.
-        hyperparameters: its main hyperparameters as built (lr, betas, ...).
+        hyperparameters: its effective hyperparameters: the registered defaults
+            with the run's (lr, betas, ...) over them.
         schedule: the schedule, as text.
         parameters: the model's parameter count.
         start_step: the step the run started from (after a resume).
@@ -37,6 +38,9 @@ class TrainResult:
         skipped: steps skipped for a non-finite loss (``--nonfinite skip``).
         grad_norm: the global gradient norm of the last step, before clipping
             (measured only with ``--clip``; None otherwise).
+        val_windows: validation windows behind ``val_loss`` (0: not recorded).
+        curve_windows: validation windows behind each point of ``val_curve``
+            and ``initial_val_loss`` (``--eval-windows``; 0: not recorded).
     """
 
     optimizer: str
@@ -58,6 +62,8 @@ class TrainResult:
     reason: str = ""
     skipped: int = 0
     grad_norm: float | None = None
+    val_windows: int = 0
+    curve_windows: int = 0
 
 
 @attrs.frozen

@@ -2,14 +2,19 @@
 
 Exit status 0 when the checkpoint is intact and its state valid, 1 when it
 is missing, truncated, tampered with or holds invalid state (the reason is
-printed: on one line for a damaged checkpoint, naming the file). Importing this module does not import torch.
+printed: on one line for a damaged checkpoint, naming the file). Given a run
+directory written by ``optiplug train --save`` (``train.json`` beside a
+``checkpoint/`` directory), it checks that checkpoint and says so. Importing
+this module does not import torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._text import format_table
@@ -18,15 +23,23 @@ from ..errors import CheckpointError
 if TYPE_CHECKING:
     from ..checkpoint import CheckpointInfo
 
-__all__ = ["configure", "describe_checkpoint", "run"]
+__all__ = ["checkpoint_path", "configure", "describe_checkpoint", "run"]
 
+_RUN_FILE = "train.json"
+_RUN_CHECKPOINT = "checkpoint"
+"""What ``optiplug train --save DIR`` writes in ``DIR`` (``optiplug._train.config.RUN_FILE``
+and ``optiplug._train.checkpoints.CHECKPOINT_NAME``; ``cli`` sits below ``_train``)."""
 _HIDDEN_KEYS = frozenset({"foreach", "fused", "capturable", "differentiable"})
 _ROWS = 20
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``check``'s arguments."""
-    parser.add_argument("path", help="a checkpoint directory written by optiplug.checkpoint.save")
+    parser.add_argument(
+        "path",
+        help="a checkpoint directory written by optiplug.checkpoint.save, or a run "
+        "directory written by `optiplug train --save` (its checkpoint/ is checked)",
+    )
     parser.add_argument(
         "--all", action="store_true", help=f"list every parameter (default: the first {_ROWS})"
     )
@@ -43,19 +56,41 @@ def run(args: argparse.Namespace) -> int:
     """
     from ..checkpoint import verify  # deferred: imports torch
 
+    path = checkpoint_path(args.path)
+    if path != Path(args.path):
+        print(f"{args.path}: a run directory (`optiplug train --save`); checking {path}")
     try:
-        info = verify(args.path, registry=args.registry)
+        info = verify(path, registry=args.registry)
     except CheckpointError as error:
-        print(f"{args.path}: INVALID checkpoint: {_one_line(error)}")
+        print(f"{path}: INVALID checkpoint: {_one_line(error)}")
         return 1
     verdict = "OK" if not info.problems else f"INVALID state ({len(info.problems)} problem(s))"
-    print(f"{args.path}: {verdict}")
+    print(f"{path}: {verdict}")
     print(describe_checkpoint(info, rows=None if args.all else _ROWS))
     if info.problems:
         print("\nproblems:")
         print("\n".join(f"  - {problem}" for problem in info.problems))
         return 1
     return 0
+
+
+def checkpoint_path(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint to check for ``path``: its ``checkpoint/`` when it is a run directory.
+
+    A run directory is what ``optiplug train --save DIR`` writes: ``DIR/train.json``
+    (the run's options) beside the Graph's checkpoint in ``DIR/checkpoint/``.
+
+    Args:
+        path: what the user named.
+
+    Returns:
+        ``path/checkpoint`` for a run directory (even when that is missing, so
+        the verdict names it), else ``path`` itself.
+    """
+    given = Path(path)
+    if (given / _RUN_FILE).is_file():  # a checkpoint has no train.json
+        return given / _RUN_CHECKPOINT
+    return given
 
 
 def _one_line(error: Exception) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -18,6 +19,7 @@ from .schedule import parse_param
 
 __all__ = [
     "Listing",
+    "UnknownNameError",
     "configure_list",
     "configure_show",
     "format_bytes",
@@ -200,6 +202,35 @@ def configure_show(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class UnknownNameError(UnknownOptimizerError):
+    """``optiplug show NAME``: no optimizer and no schedule is called ``NAME``.
+
+    The suggestion is the closest name of either kind, and the message lists both.
+
+    Args:
+        name: what was asked for.
+        optimizers: the installed optimizers.
+        schedules: the registered schedules.
+    """
+
+    kind = "optimizer or schedule"
+
+    def __init__(self, name: str, optimizers: Sequence[str], schedules: Sequence[str]) -> None:
+        super().__init__(name, [*optimizers, *schedules])
+        kinds = {**dict.fromkeys(schedules, "schedule"), **dict.fromkeys(optimizers, "optimizer")}
+        hint = (
+            f" Did you mean the {kinds[self.suggestion]} {self.suggestion!r}?"
+            if self.suggestion
+            else ""
+        )
+        self.message = (
+            f"unknown optimizer {name!r} (not a schedule either).{hint} "
+            f"Optimizers: {', '.join(sorted(optimizers)) or '(none installed)'}. "
+            f"Schedules: {', '.join(sorted(schedules)) or '(none)'}."
+        )
+        self.args = (self.message,)
+
+
 def run_show(args: argparse.Namespace) -> int:
     """Describe optimizer (or else schedule) ``args.name`` of ``args.registry``.
 
@@ -214,8 +245,9 @@ def run_show(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        UnknownOptimizerError: no optimizer and no schedule has that name
-            (the optimizer lookup's error, with its suggestions).
+        UnknownNameError: no optimizer and no schedule has that name (an
+            :class:`~optiplug.errors.UnknownOptimizerError` suggesting the
+            closest name of either kind).
         OptiplugError: ``--params`` with a schedule's name.
         HyperparameterError: an unknown ``--dtype`` or ``--param`` name.
     """
@@ -227,7 +259,9 @@ def run_show(args: argparse.Namespace) -> int:
         try:
             schedule = registry.schedule_spec(args.name)
         except UnknownOptimizerError:
-            raise optimizer_error from None
+            raise UnknownNameError(
+                args.name, registry.optimizers(), registry.schedules()
+            ) from optimizer_error
         if count is not None:
             raise OptiplugError(f"--params: {args.name} is a schedule, not an optimizer") from None
         print(show_schedule(schedule))

@@ -1,4 +1,4 @@
-"""The core's built-in commands plugin: ``list``, ``show``, ``schedule``, ``auto``, ``check``.
+"""The core's built-in commands plugin: ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``new-plugin``.
 
 It answers the same ``optiplug_cli_commands`` hook a third-party plugin does,
 so the built-in commands are registered and listed like anyone's
@@ -19,12 +19,15 @@ OPTIPLUG_API = PLUGIN_API_VERSION
 _PACKAGE = "optiplug.cli"
 
 
-def _command(name: str, help_text: str, module: str, configure: str, run: str) -> CommandSpec:
+def _command(
+    name: str, help_text: str, module: str, configure: str, run: str, description: str = ""
+) -> CommandSpec:
     return CommandSpec(
         name=name,
         help=help_text,
         configure=lazy(f"{_PACKAGE}.{module}:{configure}"),
         run=lazy(f"{_PACKAGE}.{module}:{run}"),
+        description=description,
     )
 
 
@@ -33,7 +36,7 @@ def optiplug_cli_commands() -> list[CommandSpec]:
     """Provide the core's commands (``train`` comes from :mod:`optiplug._train.plugin`).
 
     Returns:
-        The ``list``, ``show``, ``schedule``, ``auto`` and ``check`` commands.
+        The ``list``, ``show``, ``schedule``, ``auto``, ``check`` and ``new-plugin`` commands.
     """
     return [
         _command(
@@ -66,5 +69,18 @@ def optiplug_cli_commands() -> list[CommandSpec]:
             "check",
             "configure",
             "run",
+        ),
+        _command(
+            "new-plugin",
+            "write a new plugin distribution to edit, install and test",
+            "scaffold",
+            "configure",
+            "run",
+            description=(
+                "Write DIR (default ./optiplug-NAME): a plugin distribution whose entry point "
+                "NAME provides the optimizer NAME (SGD with momentum, loop and foreach kernels "
+                "on optiplug.base.KernelTableOptimizer), with conformance tests. DIR must not "
+                "exist or be empty; nothing is written on error."
+            ),
         ),
     ]

@@ -12,6 +12,7 @@ import argparse
 import ast
 import importlib.util
 import inspect
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -20,8 +21,17 @@ from typing import Any
 
 from .._core.registry import Registry
 from .._text import format_table
+from ..errors import OptiplugError
 
-__all__ = ["configure", "parse_param", "plot_schedule", "run", "table_steps"]
+__all__ = [
+    "check_plot_path",
+    "configure",
+    "parse_param",
+    "plot_formats",
+    "plot_schedule",
+    "run",
+    "table_steps",
+]
 
 _BAR_WIDTH = 30
 _PLOT_POINTS = 2000
@@ -66,7 +76,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a schedule parameter (repeatable); values are Python literals",
     )
-    parser.add_argument("--plot", metavar="PATH", help="also write the curve as an image (PNG)")
+    parser.add_argument(
+        "--plot", metavar="PATH", help="also write the curve as an image (.png, .pdf, .svg...)"
+    )
     parser.add_argument("--points", type=int, default=20, help="evenly spaced rows (default 20)")
 
 
@@ -136,6 +148,63 @@ def plot_schedule(schedule: Any, steps: int, path: str | Path, *, title: str = "
     return Path(path)
 
 
+_FALLBACK_FORMATS = (
+    "eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff",
+    "webp",
+)  # fmt: skip
+"""Image formats matplotlib writes, when matplotlib cannot be asked."""
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The image file extensions a plot can be written as, without the dot, sorted.
+
+    Returns:
+        What ``matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()``
+        says, or a fixed list (png, pdf, svg...) when matplotlib is not installed.
+    """
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase  # deferred: optional dependency
+    except ImportError:
+        return _FALLBACK_FORMATS
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def check_plot_path(path: str | os.PathLike[str], option: str = "--plot") -> None:
+    """Refuse, before any work, an image path that could not be written.
+
+    Args:
+        path: the image file to write.
+        option: the option that named it, for the message.
+
+    Raises:
+        OptiplugError: the extension is not an image format matplotlib writes
+            (or there is none), the path is a directory, or its directory does
+            not exist, is not a directory, or is not writable.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise OptiplugError(f"{option} {str(path)!r}: is a directory; give an image file's path")
+    formats = plot_formats()
+    suffix = target.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f"unsupported image format {target.suffix!r}" if suffix else "no file extension"
+        raise OptiplugError(
+            f"{option} {str(path)!r}: {what}; name the file with one of: "
+            f"{', '.join('.' + name for name in formats)}"
+        )
+    parent = target.parent
+    if not parent.exists():
+        raise OptiplugError(
+            f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist; create it first"
+        )
+    if not parent.is_dir():
+        raise OptiplugError(f"{option} {str(path)!r}: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OptiplugError(
+            f"{option} {str(path)!r}: the directory {str(parent)!r} is not writable"
+        )
+
+
 def _title(schedule: Any) -> str:
     """The schedule's name and parameters, wrapped to fit above the plot."""
     to_dict = getattr(schedule, "to_dict", None)
@@ -163,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         UnknownScheduleError: no such schedule.
         HyperparameterError: a missing or invalid schedule parameter.
+        OptiplugError: a ``--plot`` path that could not be written (checked
+            before anything is computed).
     """
     if args.steps < 0:
         print("optiplug: error: --steps must be >= 0", file=sys.stderr)
@@ -170,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and not _matplotlib_available():
         print(f"optiplug: error: {_MATPLOTLIB_MISSING}", file=sys.stderr)
         return 2
+    if args.plot:
+        check_plot_path(args.plot)
     schedule = _build(args.registry, args.name, dict(args.param), args.steps)
     print(repr(schedule))
     print(_table(schedule, table_steps(schedule, args.steps, args.points)))
