@@ -52,7 +52,7 @@ PUBLISHED = {
 }
 SMALL = ("adam", {"lr": 5e-5})
 MID = ("adamw", {"lr": 2e-5, "betas": (0.9, 0.999), "weight_decay": 0.01})
-LARGE = ("adamw", {"lr": 1e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})
+LARGE = ("adamw", {"lr": 2e-5, "betas": (0.9, 0.95), "weight_decay": 0.1})
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -261,3 +261,137 @@ def test_cli_auto_prints_selection_and_json(
     assert data["request"]["num_parameters"] == 2_000_000_000
     assert cli.main(["auto", "--config", str(tmp_path / "nope.json")]) == 2
     assert "nope.json: no such file or directory" in capsys.readouterr().err
+
+
+# Stage-aware rules: (stage, N, task) -> (winner without muon, lr) and whether muon is proposed.
+PRETRAIN = {"betas": (0.9, 0.95), "weight_decay": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("stage", "n", "task", "expected"),
+    [
+        ("pretraining", None, "causal-lm", ("adamw", {"lr": 1e-3, **PRETRAIN})),
+        ("pretraining", 10_700_000, "causal-lm", ("adamw", {"lr": 1e-3, **PRETRAIN})),
+        ("pretraining", 10**8, None, ("adamw", {"lr": 1e-3, **PRETRAIN})),
+        ("pretraining", 124_439_808, "causal-lm", ("adamw", {"lr": 6e-4, **PRETRAIN})),
+        ("pretraining", 350 * 10**6, "causal-lm", ("adamw", {"lr": 3e-4, **PRETRAIN})),
+        ("pretraining", 760 * 10**6, "causal-lm", ("adamw", {"lr": 2.5e-4, **PRETRAIN})),
+        ("pretraining", 1_300 * 10**6, "causal-lm", ("adamw", {"lr": 2e-4, **PRETRAIN})),
+        ("pretraining", 2_700 * 10**6, "causal-lm", ("adamw", {"lr": 1.6e-4, **PRETRAIN})),
+        ("pretraining", 6_738_415_616, "causal-lm", ("adamw", {"lr": 1e-4, **PRETRAIN})),
+        ("pretraining", 13 * 10**9, "causal-lm", ("adamw", {"lr": 1e-4, **PRETRAIN})),
+        ("pretraining", 175 * 10**9, "causal-lm", ("adamw", {"lr": 6e-5, **PRETRAIN})),
+        ("pretraining", 10**12, "causal-lm", ("adamw", {"lr": 6e-5, **PRETRAIN})),
+        ("pretraining", 10**7, "text-classification", ("adamw", {"lr": 1e-3, **PRETRAIN})),
+        ("finetuning", 10**7, None, SMALL),
+        ("finetuning", 124_439_808, None, MID),
+        ("finetuning", 7 * 10**9, None, LARGE),
+        ("finetuning", 10**7, "causal-lm", ("adamw", {"lr": 2e-5, **PRETRAIN})),
+        ("finetuning", 124_439_808, "text-classification", ("adam", {"lr": 2e-5})),
+        ("finetuning", 124_439_808, "qa", ("adamw", {"lr": 3e-5, "weight_decay": 0.01})),
+        (None, 10**7, None, SMALL),
+        (None, 124_439_808, None, MID),
+        (None, 7 * 10**9, "causal-lm", ("adamw", {"lr": 2e-5, **PRETRAIN})),
+        (None, 10**7, "text-classification", ("adam", {"lr": 2e-5})),
+    ],
+)
+def test_rules_by_stage_and_size(
+    stage: str | None, n: int | None, task: str | None, expected: tuple[str, dict]
+) -> None:
+    registry = optiplug.Registry(disabled=["muon"])
+    selection = AutoOptimizer.for_task(task, num_parameters=n, stage=stage, registry=registry)
+    assert (selection.optimizer, selection.hparams) == expected
+    builtin = [r.candidate for r in selection.candidates if r.candidate.rule != "muon:pretraining"]
+    proposes_muon = any(c.algorithm == "muon" for c in builtin)
+    assert proposes_muon == (stage == "pretraining" and task in (None, "causal-lm"))
+
+
+SOURCES = ("GPT-3", "nanoGPT", "Moonlight", "BERT", "Llama 2")
+
+
+@pytest.mark.parametrize("stage", ["pretraining", "finetuning", None])
+@pytest.mark.parametrize("n", [None, 10**7, 124_439_808, 2 * 10**9, 10**12])
+@pytest.mark.parametrize("task", [None, "causal-lm", "text-classification", "qa", "translation"])
+def test_every_builtin_reason_names_its_source(
+    stage: str | None, n: int | None, task: str | None
+) -> None:
+    selection = AutoOptimizer.for_task(task, num_parameters=n, stage=stage)
+    builtin = [
+        r.candidate
+        for r in selection.candidates
+        if r.candidate.provider is not None and r.candidate.provider.plugin == "rules"
+    ]
+    assert builtin
+    for candidate in builtin:
+        assert any(source in candidate.reason for source in SOURCES), candidate.reason
+        assert any(
+            marker in candidate.reason for marker in ("Table", "Section", "Appendix", "config/")
+        ), candidate.reason
+
+
+def test_explain_says_stage_unknown_only_when_it_is() -> None:
+    unknown = AutoOptimizer.explain(task="causal-lm", num_parameters=10**9)
+    assert "stage unknown" in unknown and "assumed fine-tuning" in unknown
+    for stage in ("pretraining", "finetuning"):
+        text = AutoOptimizer.explain(task="causal-lm", num_parameters=10**9, stage=stage)
+        assert "stage unknown" not in text
+
+
+def test_pretraining_prefers_muon_when_installed_and_adamw_when_disabled() -> None:
+    pytest.importorskip("optiplug_muon")
+    with_muon = AutoOptimizer.for_task("causal-lm", num_parameters=10**7, stage="pretraining")
+    assert (with_muon.optimizer, with_muon.hparams) == ("muon", {})  # the plugin's recipe wins
+    assert "Jordan et al. 2024" in with_muon.reason
+    moonlight = {r.candidate.rule: r for r in with_muon.candidates}["pretraining:muon"]
+    assert moonlight.status == "outscored" and "Moonlight" in moonlight.candidate.reason
+    assert moonlight.candidate.hparams == {
+        "lr": 1e-3,
+        "weight_decay": 0.1,
+        "adjust_lr": "match_rms_adamw",
+        "aux_lr": 1e-3,
+        "aux_betas": (0.9, 0.95),
+        "aux_weight_decay": 0.1,
+    }
+    registry = optiplug.Registry(disabled=["muon"])
+    without = AutoOptimizer.for_task(
+        "causal-lm", num_parameters=10**7, stage="pretraining", registry=registry
+    )
+    assert (without.optimizer, without.hparams["lr"]) == ("adamw", 1e-3)
+    statuses = {r.candidate.rule: r.status for r in without.candidates}
+    assert statuses["pretraining:muon"] == "skipped"
+
+
+@pytest.mark.parametrize("stage", ["finetuning", None])
+@pytest.mark.parametrize("n", [None, 10**7, 124_439_808, 7 * 10**9])
+@pytest.mark.parametrize("task", [None, "causal-lm", "text-classification", "qa"])
+def test_finetuning_never_proposes_muon(stage: str | None, n: int | None, task: str | None) -> None:
+    selection = AutoOptimizer.for_task(task, num_parameters=n, stage=stage)
+    assert selection.optimizer != "muon"
+    assert all(r.candidate.algorithm != "muon" for r in selection.candidates)
+
+
+def test_train_job_asks_for_pretraining() -> None:
+    from optiplug._train.optim import resolve_optimizer
+
+    registry = optiplug.Registry(disabled=["muon"])
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    chosen = resolve_optimizer("auto", model, registry)
+    assert chosen.request.stage == "pretraining" and chosen.request.task == "text-generation"
+    assert (chosen.name, chosen.hparams["lr"]) == ("adamw", 1e-3)
+
+
+def test_cli_auto_stage_pretraining_explains_the_new_rules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from optiplug import cli
+
+    assert (
+        cli.main(["auto", "--task", "causal-lm", "--params", "350M", "--stage", "pretraining"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "pretraining:adamw" in out and "pretraining:muon" in out
+    assert "stage unknown" not in out
+    selection = AutoOptimizer.for_task("causal-lm", num_parameters=350 * 10**6, stage="pretraining")
+    adamw = {r.candidate.rule: r.candidate for r in selection.candidates}["pretraining:adamw"]
+    assert adamw.hparams["lr"] == 3e-4
+    assert "GPT-3 (Brown et al. 2020, Table 2.1), 350M row" in adamw.reason

@@ -92,6 +92,7 @@ def test_auto_explain_shows_the_effective_hyperparameters(
     )
     out = capsys.readouterr().out
     assert "chosen: muon (lr=0.02, momentum=0.95, nesterov=True" in out
+    assert "adjust_lr='original'" in out
     assert "{}" not in out
 
 

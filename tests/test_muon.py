@@ -598,10 +598,10 @@ def test_explain_shows_the_muon_rule_and_the_default_rules() -> None:
     pretraining = optiplug.AutoOptimizer.explain(
         task="causal-lm", stage="pretraining", num_parameters=10**7
     )
-    rows = {line.split()[1]: line for line in pretraining.splitlines()[3:] if line.strip()}
-    assert "muon:pretraining" in rows["muon"] and "chosen" in rows["muon"]
-    assert "optiplug-muon" in rows["muon"]
-    assert "task:text-generation" in rows["adamw"] and "outscored" in rows["adamw"]
+    rows = {line.split()[-5]: line for line in pretraining.splitlines()[5:] if line.strip()}
+    assert "chosen" in rows["muon:pretraining"] and "optiplug-muon" in rows["muon:pretraining"]
+    assert "rules (optiplug" in rows["pretraining:muon"]
+    assert "outscored" in rows["pretraining:muon"] and "outscored" in rows["pretraining:adamw"]
     finetuning = optiplug.AutoOptimizer.explain(
         task="causal-lm", stage="finetuning", num_parameters=10**7
     )

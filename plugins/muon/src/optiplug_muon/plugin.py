@@ -40,6 +40,8 @@ def optiplug_select_optimizer(
         return []
     reason = (
         "causal-LM pretraining: Muon trains the hidden matrices in fewer steps than AdamW "
-        "(embeddings, head and norms go to its auxiliary AdamW); pass named_parameters()"
+        "(embeddings, head and norms go to its auxiliary AdamW); lr 0.02, momentum 0.95, "
+        "Nesterov, 5 Newton-Schulz steps as in Jordan et al. 2024, 'Muon: An optimizer for "
+        "hidden layers in neural networks'; pass named_parameters()"
     )
     return [optiplug.Candidate("muon", {}, PRETRAINING_SCORE, reason, rule="muon:pretraining")]
