@@ -1,6 +1,6 @@
 """Finding NaN and inf in a Graph's gradients, parameters and optimizer state.
 
-One reduction per device answers "is everything finite?"; only when something
+One multi-tensor reduction per device and dtype answers "is everything finite?"; only when something
 is not are the tensors looked at one by one, to name the first culprit.
 """
 
@@ -12,7 +12,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["NONFINITE_POLICIES", "first_nonfinite", "gradients", "parameters", "state_items"]
+__all__ = [
+    "NONFINITE_POLICIES",
+    "all_finite",
+    "first_nonfinite",
+    "gradient_values",
+    "gradients",
+    "parameters",
+    "state_items",
+    "state_values",
+]
 
 NONFINITE_POLICIES = ("stop", "skip")
 """What a Graph does on a non-finite loss or gradient (see ``Graph.set_nonfinite_policy``)."""
@@ -28,23 +37,36 @@ def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
     Returns:
         The name of a non-finite value, or None.
     """
-    tensors: list[tuple[str, torch.Tensor]] = []
-    for name, value in named:
-        if isinstance(value, float) and not math.isfinite(value):
-            return name
-        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
-            tensors.append((name, value))
-    if _all_finite(tensor for _, tensor in tensors):
+    pairs = list(named)
+    if all_finite(value for _, value in pairs):
         return None
-    return next(name for name, tensor in tensors if not bool(torch.isfinite(tensor).all()))
+    return next(name for name, value in pairs if not all_finite([value]))
 
 
-def _all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every tensor is finite: one host synchronisation per device."""
-    flags: dict[torch.device, list[torch.Tensor]] = {}
-    for tensor in tensors:
-        flags.setdefault(tensor.device, []).append(torch.isfinite(tensor.detach()).all())
-    return all(bool(torch.stack(found).all()) for found in flags.values())
+def all_finite(values: Iterable[Any]) -> bool:
+    """Whether every floating (or complex) tensor and Python float in ``values`` is finite.
+
+    A Graph step calls this on its gradients, parameters and state without
+    building any names; only when it answers False are the values named one
+    by one (:func:`first_nonfinite`). Tensors are grouped by device and
+    dtype, and each group costs one multi-tensor max-abs reduction
+    (``torch._foreach_norm`` with ord inf: NaN and inf propagate into it, and
+    a max cannot overflow the way a sum of squares can) and one host sync.
+    Empty tensors are finite (their infinity norm is undefined).
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for value in values:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        floating = isinstance(value, torch.Tensor) and (
+            value.is_floating_point() or value.is_complex()
+        )
+        if floating and value.numel():
+            groups.setdefault((value.device, value.dtype), []).append(value.detach())
+    return all(
+        bool(torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all())
+        for group in groups.values()
+    )
 
 
 def parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -58,6 +80,19 @@ def gradients(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, parameter in module.named_parameters():
         if parameter.grad is not None:
             yield f"the gradient of parameter {name!r}", parameter.grad
+
+
+def gradient_values(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Every gradient of ``module``'s parameters, without names (for :func:`all_finite`)."""
+    return [p.grad for p in module.parameters() if p.grad is not None]
+
+
+def state_values(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:
+    """Every parameter of ``module`` and optimizer state value, without names."""
+    state = getattr(optimizer, "state", {})
+    entries = state.values() if hasattr(state, "values") else ()
+    values = [v for entry in entries if hasattr(entry, "values") for v in entry.values()]
+    return [*module.parameters(), *values]
 
 
 def state_items(

@@ -43,7 +43,16 @@ from .._core import ranks as _ranks
 from .._schedules.base import Schedule
 from ..checkpoint import extra_tensors, load_stored
 from ..errors import CheckpointError, GraphError, HyperparameterError
-from .finite import NONFINITE_POLICIES, first_nonfinite, gradients, parameters, state_items
+from .finite import (
+    NONFINITE_POLICIES,
+    all_finite,
+    first_nonfinite,
+    gradient_values,
+    gradients,
+    parameters,
+    state_items,
+    state_values,
+)
 from .record import GraphRecord, numpy_rng_state, read_record, torch_rng_states
 
 __all__ = ["DataBinding", "Graph"]
@@ -435,6 +444,8 @@ class Graph:
         """
         if self.scaler is not None:
             return False
+        if all_finite(gradient_values(self.module)):
+            return False
         name = first_nonfinite(gradients(self.module))
         if name is None or self._nonfinite == "skip":
             return name is not None
@@ -461,6 +472,8 @@ class Graph:
 
     def _nonfinite_state(self, optimizer: torch.optim.Optimizer) -> str | None:
         """The first parameter or optimizer state slot holding NaN or inf, or None."""
+        if all_finite(state_values(self.module, optimizer)):
+            return None
         return first_nonfinite(
             itertools.chain(parameters(self.module), state_items(self.module, optimizer))
         )
