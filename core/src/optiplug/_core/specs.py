@@ -124,6 +124,9 @@ class ImplementationSpec:
             measurement (``OPTIPLUG_AUTOTUNE=0``): higher first.
         description: one line for ``optiplug list``/``show``.
         provider: filled in by the registry.
+        availability: ``() -> str | None``; None when the implementation can
+            run on this machine, else the reason it cannot ("needs a CUDA
+            device", "triton is not installed"). None means always available.
     """
 
     algorithm: str
@@ -133,6 +136,11 @@ class ImplementationSpec:
     priority: int = 0
     description: str = ""
     provider: ProviderInfo | None = None
+    availability: Callable[[], str | None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """Why this implementation cannot run on this machine, or None when it can."""
+        return None if self.availability is None else self.availability()
 
     def can_run(self, params: Sequence[torch.Tensor]) -> bool:
         """Whether this implementation supports ``params`` (device, dtype)."""
