@@ -27,7 +27,8 @@ def test_list_table_shows_first_party_plugins(capsys: pytest.CaptureFixture[str]
     rows = {tuple(line.split()[:2]): line.split() for line in lines[2:] if line.strip()}
     for name in ("sgd", "adam", "adamw"):
         row = rows[("optimizer", name)]
-        assert row[2] == "foreach,fused,loop"
+        # then other plugins' implementations, e.g. "triton(unavailable)" without CUDA
+        assert row[2].split(",")[:3] == ["foreach", "fused", "loop"]
         assert row[4] == f"optiplug-{name}" and row[5] == "0.1.0" and row[6] == "active"
     start = lines[0].index("name")
     for line in lines[2:]:

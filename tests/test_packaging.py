@@ -55,7 +55,7 @@ def by_name(requirements: list[str]) -> dict[str, Requirement]:
 
 
 def test_plugins_found() -> None:
-    assert PLUGINS == ["adam", "adamw", "lion", "multi", "muon", "sgd"]
+    assert PLUGINS == ["adam", "adamw", "fused", "lion", "multi", "muon", "sgd"]
 
 
 @pytest.mark.parametrize("plugin", PLUGINS)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ._core.registry import Registry, bound_registry
+from ._core.specs import ImplementationSpec
 from .errors import HyperparameterError
 
 __all__ = [
@@ -49,14 +50,28 @@ def conformance_cases(registry: Registry | None = None) -> list[tuple[str, str |
         registry: where to look; the default registry when None.
 
     Returns:
-        Sorted pairs for every registered algorithm and each implementation.
+        Sorted pairs for every registered algorithm and each implementation
+        that can run the suite's model here: one unavailable on this machine
+        (``ImplementationSpec.availability``, e.g. a GPU kernel on a CPU
+        machine) or not for float64 CPU tensors is left out.
     """
     registry = bound_registry(registry)
+    probe = [param for _, param in _model()]
     cases: list[tuple[str, str | None]] = []
     for name in registry.optimizers():
         cases.append((name, None))
-        cases += [(name, impl.name) for impl in registry.implementations(name)]
+        cases += [
+            (name, impl.name) for impl in registry.implementations(name) if _runs_here(impl, probe)
+        ]
     return cases
+
+
+def _runs_here(impl: ImplementationSpec, probe: list[torch.nn.Parameter]) -> bool:
+    """Whether ``impl`` is available and supports the suite's float64 CPU parameters."""
+    try:
+        return impl.unavailable_reason() is None and impl.can_run(probe)
+    except Exception:  # a broken check: the case would only fail on it, not on the optimizer
+        return False
 
 
 def _model(seed: int = 0) -> list[tuple[str, torch.nn.Parameter]]:

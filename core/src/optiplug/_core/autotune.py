@@ -2,15 +2,36 @@
 
 On a CPU torch's foreach paths are slower than its per-tensor loop and fused
 kernels beat both; on a GPU foreach beats the loop. No fixed order is right
-everywhere, so ``impl=None`` times each supported implementation for a few
-steps on synthetic tensors shaped like the user's (never touching them or the
+everywhere, and the answer changes with the sizes (launch costs dominate
+small tensors, memory traffic large ones), so ``impl=None`` times each
+available implementation that supports the parameters on synthetic tensors
+with the user's size distribution (never touching the user's tensors or the
 global RNG) and caches the winner per (algorithm, device type, dtype,
 candidates). ``OPTIPLUG_AUTOTUNE=0`` skips measuring and uses each
 implementation's declared ``priority``.
 
+How a choice is measured (:func:`measure`):
+
+* the sample (:func:`synthetic_parameters`) has the parameters' own shapes
+  while they hold at most :func:`sample_bound` elements in all (64M on CUDA,
+  4M elsewhere); beyond it, a size-stratified subset of the tensors keeps
+  count and elements in the same proportion (per-launch and per-byte costs
+  scale together), shrunk further only if one tensor alone is too big;
+* each candidate is built and stepped :data:`WARMUP_STEPS` times untimed
+  (compilation, first call, allocation of its state), in a worker thread
+  joined with a time budget (:func:`budgets`): a candidate whose warm-up
+  exceeds it is dropped from timing, with the reason recorded, and finishes
+  its current step in the background instead of being waited for;
+* the others are timed in :data:`TIMED_ROUNDS` interleaved rounds of one
+  step each (the order rotating), and each one's time is the median; rounds
+  after the first stop when the overall budget is spent.
+
 A candidate that raises (while being timed, or while its ``supports`` check
 runs) is skipped, recorded in :func:`implementation_failures` and warned
 about once per process (:func:`report_failure`); the others still compete.
+An implementation whose ``availability`` says it cannot run on this machine
+(:func:`availability_reason`) never competes; forcing it raises
+:class:`~optiplug.errors.OptimizerUnavailableError`.
 
 Under ``torch.distributed`` every rank must run the same kernels: fused and
 loop kernels round differently (by an ulp), so ranks that each picked their
@@ -22,6 +43,7 @@ multi-process group nothing is measured and the declared priority decides.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import math
@@ -33,37 +55,87 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 
-from ..errors import HyperparameterError, PluginWarning
+from ..errors import HyperparameterError, OptimizerUnavailableError, PluginWarning
 from . import ranks as _ranks
 from .specs import ImplementationSpec
 
 __all__ = [
+    "BUDGET_VARIABLE",
+    "TIMED_ROUNDS",
+    "WARMUP_STEPS",
+    "Measurement",
     "agreed_across_ranks",
+    "availability_reason",
+    "budgets",
     "choose",
     "clear_cache",
     "decisions",
     "implementation_failures",
+    "measure",
+    "measurements",
     "report_failure",
+    "sample_bound",
     "select",
     "synthetic_parameters",
     "tensor_kinds",
     "time_steps",
 ]
 
-_MAX_TENSORS = 8
-_MAX_ELEMENTS = 1 << 18
-_WARMUP_STEPS = 2
-_TIMED_STEPS = 5
+WARMUP_STEPS = 2
+"""Untimed steps per candidate: the first pays compilation and state allocation."""
+
+TIMED_ROUNDS = 5
+"""Interleaved rounds of one timed step per candidate; a candidate's time is their median."""
+
+BUDGET_VARIABLE = "OPTIPLUG_AUTOTUNE_BUDGET"
+"""Environment variable: seconds one candidate's warm-up may take (the overall budget is twice)."""
+
+_SAMPLE_BOUND = {"cuda": 64 << 20}
+_DEFAULT_SAMPLE_BOUND = 4 << 20
+_CANDIDATE_BUDGET = {"cuda": 10.0}
+_DEFAULT_CANDIDATE_BUDGET = 4.0
+_OVERALL_FACTOR = 2.0
+_EXIT_WAIT = 300.0
 
 _lock = threading.Lock()
 _decisions: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
 _agreed: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
+_measurements: dict[tuple[Any, ...], Measurement] = {}
 _failures: dict[tuple[str, str, str], str] = {}
+_warming: dict[tuple[str, str, str, str], threading.Thread] = {}
 _agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
     "optiplug_autotune_agreement", default=None
 )
+
+
+@attrs.frozen
+class Measurement:
+    """One timing of an algorithm's candidates, as :func:`measure` returns it.
+
+    Attributes:
+        winner: the fastest timed candidate (by priority, then name, when none
+            could be timed).
+        timings: median seconds per step of every candidate; ``math.inf`` for
+            one that was dropped or raised.
+        dropped: candidate -> why it was not timed (its warm-up exceeded the
+            budget, is still running from an earlier measurement, or raised).
+        late: the dropped candidates that ran out of time (not those that
+            raised): their one-time cost is still being paid.
+        tensors: how many synthetic tensors were timed.
+        elements: how many elements they hold in all.
+        seconds: wall time the whole measurement took.
+    """
+
+    winner: str
+    timings: dict[str, float]
+    dropped: dict[str, str] = attrs.field(factory=dict)
+    late: tuple[str, ...] = ()
+    tensors: int = 0
+    elements: int = 0
+    seconds: float = 0.0
 
 
 def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
@@ -72,9 +144,28 @@ def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str
     Args:
         agreed: the choices agreed across ranks (slowest rank's times)
             instead of this process's own.
+
+    Returns:
+        A copy of the cache; keys are ``(algorithm, device type, dtype,
+        candidate names)``.
     """
     with _lock:
         return dict(_agreed if agreed else _decisions)
+
+
+def measurements() -> dict[tuple[Any, ...], Measurement]:
+    """The latest :class:`Measurement` per cache key, dropped candidates and their reasons included.
+
+    A measurement in which a candidate was dropped for its budget is kept
+    here but not cached as a decision (outside an agreement across ranks):
+    the next creation measures again, when that candidate's one-time cost
+    has been paid in the background.
+
+    Returns:
+        A copy: key -> measurement.
+    """
+    with _lock:
+        return dict(_measurements)
 
 
 def clear_cache() -> None:
@@ -82,6 +173,7 @@ def clear_cache() -> None:
     with _lock:
         _decisions.clear()
         _agreed.clear()
+        _measurements.clear()
         _failures.clear()
 
 
@@ -90,6 +182,9 @@ def implementation_failures() -> dict[tuple[str, str, str], str]:
 
     The error is ``"TypeName: message"``; the plugin is ``""`` for a record
     without a provider. The latest failure of each implementation is kept.
+
+    Returns:
+        A copy of the record.
     """
     with _lock:
         return dict(_failures)
@@ -102,8 +197,7 @@ def report_failure(impl: ImplementationSpec, error: BaseException) -> None:
         impl: the implementation that raised.
         error: what it raised.
     """
-    plugin = impl.provider.plugin if impl.provider is not None else ""
-    key = (impl.algorithm, impl.name, plugin)
+    key = (impl.algorithm, impl.name, _plugin(impl))
     text = f"{type(error).__name__}: {error}"
     with _lock:
         first = key not in _failures
@@ -118,6 +212,26 @@ def report_failure(impl: ImplementationSpec, error: BaseException) -> None:
         )
 
 
+def availability_reason(impl: ImplementationSpec) -> str | None:
+    """Why ``impl`` cannot run on this machine, or None when it can.
+
+    An availability check that raises makes the implementation unavailable,
+    with the error as the reason; it never breaks the other implementations.
+
+    Args:
+        impl: the implementation record.
+
+    Returns:
+        ``impl.unavailable_reason()``, or ``"availability check raised
+        TypeName: message"``.
+    """
+    try:
+        reason = impl.unavailable_reason()
+    except Exception as error:
+        return f"availability check raised {type(error).__name__}: {error}"
+    return None if reason is None else str(reason)
+
+
 @contextlib.contextmanager
 def agreed_across_ranks(device: torch.device) -> Iterator[None]:
     """Within: choices are measured on every rank and agreed by one all-reduce each.
@@ -128,6 +242,9 @@ def agreed_across_ranks(device: torch.device) -> Iterator[None]:
 
     Args:
         device: where the all-reduced timings live (CUDA for NCCL, CPU for gloo).
+
+    Yields:
+        Nothing; the agreement holds inside the block.
     """
     token = _agreement.set(torch.device(device))
     try:
@@ -136,26 +253,168 @@ def agreed_across_ranks(device: torch.device) -> Iterator[None]:
         _agreement.reset(token)
 
 
-def synthetic_parameters(params: Sequence[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
-    """Fresh tensors like ``params`` (device, dtype, shape), sized for a quick timing.
+def sample_bound(device: torch.device) -> int:
+    """Most elements the synthetic tensors of one timing hold in all on ``device``.
 
-    Up to 8 tensors; those larger than 2**18 elements are replaced by flat
-    tensors of that size, so timing stays in the milliseconds. Gradients are
-    filled from a private generator; the global RNG is not touched.
+    64M (2**26) on CUDA, where launches dominate anything smaller; 4M (2**22)
+    elsewhere, so that on a CPU the slowest implementation's steps stay in the
+    tens of milliseconds and creating an optimizer stays fast.
+
+    Args:
+        device: the parameters' device.
+
+    Returns:
+        The bound, in elements.
     """
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return _SAMPLE_BOUND.get(torch.device(device).type, _DEFAULT_SAMPLE_BOUND)
+
+
+def budgets(device: torch.device) -> tuple[float, float]:
+    """Seconds one candidate's warm-up may take, and the whole measurement.
+
+    Defaults: 10 s per candidate on CUDA (a first compilation there takes
+    seconds), 4 s elsewhere; the overall budget is twice the per-candidate
+    one. ``OPTIPLUG_AUTOTUNE_BUDGET=SECONDS`` sets the per-candidate budget.
+
+    Args:
+        device: the parameters' device.
+
+    Returns:
+        ``(per candidate, overall)``.
+
+    Raises:
+        HyperparameterError: ``OPTIPLUG_AUTOTUNE_BUDGET`` is not a positive number.
+    """
+    raw = os.environ.get(BUDGET_VARIABLE)
+    if raw is None or not raw.strip():
+        per = _CANDIDATE_BUDGET.get(torch.device(device).type, _DEFAULT_CANDIDATE_BUDGET)
+    else:
+        try:
+            per = float(raw)
+        except ValueError:
+            per = math.nan
+        if not math.isfinite(per) or per <= 0:
+            raise HyperparameterError(
+                BUDGET_VARIABLE, raw, "must be a positive number of seconds", algorithm="autotune"
+            )
+    return per, per * _OVERALL_FACTOR
+
+
+def _sample_plan(shapes: Sequence[torch.Size], bound: int) -> list[tuple[int, tuple[int, ...]]]:
+    """``(index into shapes, shape to time)``: every shape when they fit ``bound``, else a subset.
+
+    Beyond the bound the tensors are sorted by size and one is taken from the
+    middle of each of ``count`` equal strata, ``count`` being the number of
+    tensors scaled like the elements (at least one), so per-tensor and
+    per-element costs shrink together; if the picked ones still hold more
+    than ``bound`` elements (a few huge tensors), the largest are shrunk to a
+    common cap, the smaller ones kept as they are.
+    """
+    sizes = [math.prod(shape) for shape in shapes]
+    total = sum(sizes)
+    if total <= bound:
+        return [(index, tuple(shape)) for index, shape in enumerate(shapes)]
+    count = max(1, min(len(shapes), round(len(shapes) * bound / total)))
+    order = sorted(range(len(shapes)), key=lambda index: sizes[index])
+    picked = [order[int((i + 0.5) * len(order) / count)] for i in range(count)]
+    cap = _cap([sizes[index] for index in picked], bound)
+    return [
+        (index, _shrunk(tuple(shapes[index]), min(1.0, cap / max(1, sizes[index]))))
+        for index in picked
+    ]
+
+
+def _cap(sizes: Sequence[int], bound: int) -> int:
+    """The largest ``cap`` with ``sum(min(size, cap)) <= bound`` (any cap when they fit)."""
+    if sum(sizes) <= bound:
+        return max(sizes, default=0)
+    remaining, ordered = bound, sorted(sizes)
+    for position, size in enumerate(ordered):
+        share = remaining // (len(ordered) - position)
+        if size > share:
+            return max(1, share)
+        remaining -= size
+    return max(1, remaining)
+
+
+def _shrunk(shape: tuple[int, ...], factor: float) -> tuple[int, ...]:
+    """``shape`` holding about ``factor`` of its elements: fewer rows, else flat."""
+    if factor >= 1.0:
+        return shape
+    target = max(1, int(math.prod(shape) * factor))
+    if len(shape) >= 2:
+        rest = math.prod(shape[1:])
+        if rest <= target:
+            return (target // rest, *shape[1:])
+    return (target,)
+
+
+def synthetic_parameters(
+    params: Sequence[torch.Tensor], seed: int = 0, *, bound: int | None = None
+) -> list[torch.Tensor]:
+    """Fresh tensors like ``params`` (device, dtype, size distribution), for timing.
+
+    While ``params`` hold at most ``bound`` elements in all (default
+    :func:`sample_bound` of the first parameter's device) the tensors have
+    their shapes exactly; beyond it, a size-stratified subset with tensors
+    and elements scaled by the same factor (see the module docstring).
+    Values and gradients come from a private generator; the global RNG is
+    not touched.
+
+    Args:
+        params: the parameters to imitate (only their metadata is read).
+        seed: the private generator's seed.
+        bound: most elements in all; None for :func:`sample_bound`.
+
+    Returns:
+        Leaf tensors with ``requires_grad`` and a ``.grad``.
+    """
+    params = list(params)
+    if not params:
+        return []
+    limit = sample_bound(params[0].device) if bound is None else bound
+    generators: dict[torch.device, torch.Generator] = {}
     made = []
-    for param in list(params)[:_MAX_TENSORS]:
-        shape = param.shape if param.numel() <= _MAX_ELEMENTS else (_MAX_ELEMENTS,)
-        values = torch.randn(shape, generator=generator, dtype=torch.float32)
-        tensor = values.to(device=param.device, dtype=param.dtype).requires_grad_(True)
-        tensor.grad = torch.randn(shape, generator=generator).to(param.device, param.dtype)
+    for index, shape in _sample_plan([p.shape for p in params], limit):
+        source = params[index]
+        device = source.device
+        # On CUDA the values are drawn there (copying 64M elements from the host
+        # would cost more than the timing); elsewhere on the host, then moved.
+        where = device if device.type == "cuda" else torch.device("cpu")
+        if where not in generators:
+            generators[where] = torch.Generator(device=where).manual_seed(seed)
+        draws = [
+            torch.randn(shape, generator=generators[where], device=where, dtype=torch.float32)
+            for _ in range(2)
+        ]
+        values, grad = (draw.to(device=device, dtype=source.dtype) for draw in draws)
+        tensor = values.requires_grad_(True)
+        tensor.grad = grad
         made.append(tensor)
     return made
 
 
+def _copies(sample: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Independent copies of ``sample`` (values and gradients), one set per candidate."""
+    copies = []
+    for tensor in sample:
+        copy = tensor.detach().clone().requires_grad_(True)
+        copy.grad = None if tensor.grad is None else tensor.grad.clone()
+        copies.append(copy)
+    return copies
+
+
 def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) -> float:
-    """Median wall time of one ``optimizer.step()`` over ``steps`` steps."""
+    """Median wall time of one ``optimizer.step()`` over ``steps`` steps.
+
+    Args:
+        optimizer: the optimizer to step (its parameters need gradients).
+        steps: how many steps to time, one by one.
+        device: synchronized around each step when it is a CUDA device.
+
+    Returns:
+        Seconds.
+    """
     times = []
     for _ in range(steps):
         _synchronize(device)
@@ -171,24 +430,190 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _measure(
-    impl: ImplementationSpec, params: Sequence[torch.Tensor], hparams: Mapping[str, Any]
-) -> float:
+def _finish_background_warmups() -> None:
+    """Let warm-ups left running past their budget end their current step before exit.
+
+    Interpreter shutdown would otherwise stop a thread inside native code (a
+    compilation), which aborts the process. Registered with the hooks that
+    run before ``concurrent.futures`` shuts its executors down (compilers use
+    them), where this Python has them, else with :mod:`atexit`.
+    """
+    with _lock:
+        threads = list(_warming.values())
+    for thread in threads:
+        thread.join(_EXIT_WAIT)
+
+
+getattr(threading, "_register_atexit", atexit.register)(_finish_background_warmups)
+
+
+def _plugin(impl: ImplementationSpec) -> str:
+    return impl.provider.plugin if impl.provider is not None else ""
+
+
+class _Warmup:
+    """Build one candidate and run its untimed steps, in a worker thread."""
+
+    def __init__(
+        self,
+        impl: ImplementationSpec,
+        sample: list[torch.Tensor],
+        hparams: Mapping[str, Any],
+        device: torch.device,
+    ) -> None:
+        self.impl = impl
+        self.sample = sample
+        self.hparams = dict(hparams)
+        self.device = device
+        self.threads = torch.get_num_threads()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.error: Exception | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"optiplug-autotune-{impl.algorithm}-{impl.name}", daemon=True
+        )
+
+    def _run(self) -> None:
+        try:
+            # OpenMP's thread count is per thread: a new thread starts from the
+            # default, and a kernel compiled here would fix that count in its code.
+            torch.set_num_threads(self.threads)
+            context = (
+                torch.cuda.device(self.device)
+                if self.device.type == "cuda"
+                else contextlib.nullcontext()
+            )
+            with context:
+                optimizer = self.impl.factory(self.sample, **self.hparams)
+                for _ in range(WARMUP_STEPS):
+                    if self.stop.is_set():
+                        return
+                    optimizer.step()
+                _synchronize(self.device)
+            self.optimizer = optimizer
+        except Exception as error:
+            self.error = error
+
+    def within(self, seconds: float) -> bool:
+        """Start and wait up to ``seconds``; False (and asked to stop) when still running."""
+        self.thread.start()
+        self.thread.join(max(seconds, 0.0))
+        if self.thread.is_alive():
+            self.stop.set()
+            return False
+        return True
+
+
+def measure(
+    algorithm: str,
+    candidates: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    *,
+    budget: tuple[float, float] | None = None,
+) -> Measurement:
+    """Time every candidate on a synthetic sample of ``params`` (nothing is cached).
+
+    Args:
+        algorithm: the algorithm's name (for the records).
+        candidates: implementations that can run ``params``; at least one.
+        params: the user's parameter tensors (only their metadata is used).
+        hparams: hyperparameters to time with (e.g. momentum changes the work).
+        budget: ``(per-candidate warm-up, overall)`` seconds; None for
+            :func:`budgets`.
+
+    Returns:
+        The timings, the winner and the candidates dropped, with reasons. A
+        candidate that raises is reported (:func:`report_failure`).
+
+    Raises:
+        ValueError: no candidates or no parameters.
+    """
+    if not candidates or not params:
+        raise ValueError(f"{algorithm}: measuring needs candidates and parameters")
+    device = params[0].device
+    per_candidate, overall = budgets(device) if budget is None else budget
+    started = time.perf_counter()
+    deadline = started + overall
     sample = synthetic_parameters(params)
-    optimizer = impl.factory(sample, **hparams)
-    time_steps(optimizer, _WARMUP_STEPS, sample[0].device)
-    return time_steps(optimizer, _TIMED_STEPS, sample[0].device)
+    ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
+    ready: dict[str, torch.optim.Optimizer] = {}
+    dropped: dict[str, str] = {}
+    late = []
+    for impl in ranked:
+        outcome = _warm(impl, sample, hparams, device, per_candidate, deadline, ready)
+        if outcome is not None:
+            dropped[impl.name], out_of_time = outcome
+            if out_of_time:
+                late.append(impl.name)
+    times: dict[str, list[float]] = {name: [] for name in ready}
+    for index in range(TIMED_ROUNDS):
+        if index and time.perf_counter() > deadline:
+            break
+        names = list(times)
+        shift = index % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            try:
+                times[name].append(time_steps(ready[name], 1, device))
+            except Exception as error:
+                impl = next(i for i in ranked if i.name == name)
+                report_failure(impl, error)
+                dropped[name] = f"raised while timed: {type(error).__name__}: {error}"
+                del times[name]
+    timings = {impl.name: math.inf for impl in ranked}
+    timings.update({name: statistics.median(values) for name, values in times.items()})
+    winner = min(ranked, key=lambda impl: timings[impl.name]).name
+    return Measurement(
+        winner=winner,
+        timings=timings,
+        dropped=dropped,
+        late=tuple(late),
+        tensors=len(sample),
+        elements=sum(t.numel() for t in sample),
+        seconds=time.perf_counter() - started,
+    )
 
 
-def _measured(
-    impl: ImplementationSpec, params: Sequence[torch.Tensor], hparams: Mapping[str, Any]
-) -> float:
-    """:func:`_measure`, or infinity (never the winner) for a candidate that raises."""
-    try:
-        return _measure(impl, params, hparams)
-    except Exception as error:
-        report_failure(impl, error)
-        return math.inf
+def _warm(
+    impl: ImplementationSpec,
+    sample: list[torch.Tensor],
+    hparams: Mapping[str, Any],
+    device: torch.device,
+    per_candidate: float,
+    deadline: float,
+    ready: dict[str, torch.optim.Optimizer],
+) -> tuple[str, bool] | None:
+    """Warm ``impl`` up within its budget: None (its optimizer is put in ``ready``), else why not.
+
+    Returns:
+        None, or ``(reason, whether it ran out of time)``.
+    """
+    key = (impl.algorithm, impl.name, _plugin(impl), str(device))
+    with _lock:
+        running = _warming.get(key)
+        if running is not None and not running.is_alive():
+            del _warming[key]
+    if running is not None and running.is_alive():
+        return "its warm-up from an earlier measurement is still running in the background", True
+    allowed = min(per_candidate, deadline - time.perf_counter())
+    if allowed <= 0:
+        return "the overall time budget was spent before its warm-up", True
+    warmup = _Warmup(impl, _copies(sample), hparams, device)
+    if not warmup.within(allowed):
+        with _lock:
+            _warming[key] = warmup.thread
+        reason = (
+            f"warm-up (building it and {WARMUP_STEPS} untimed steps) exceeded the "
+            f"{allowed:.1f} s budget; not timed, it finishes its current step in the background"
+        )
+        return reason, True
+    if warmup.error is not None:
+        report_failure(impl, warmup.error)
+        return f"raised during warm-up: {type(warmup.error).__name__}: {warmup.error}", False
+    if warmup.optimizer is None:  # pragma: no cover - the thread either built one or raised
+        return "warm-up produced no optimizer", False
+    ready[impl.name] = warmup.optimizer
+    return None
 
 
 def choose(
@@ -209,8 +634,9 @@ def choose(
         The fastest candidate (across ranks inside :func:`agreed_across_ranks`);
         by declared priority, then name, when there is a single candidate, no
         parameters, ``OPTIPLUG_AUTOTUNE=0``, or several ranks and no agreement.
-        A candidate that raises while timed counts as infinitely slow (on
-        every rank, when agreed), so it wins only if all of them raised.
+        A candidate that raises or exceeds its budget counts as infinitely
+        slow (on every rank, when agreed), so it wins only if none was timed,
+        and then the priority order decides.
     """
     ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
     if len(ranked) == 1 or not params or os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
@@ -224,13 +650,17 @@ def choose(
     with _lock:
         cached = cache.get(key)
     if cached is None:
-        timings = {impl.name: _measured(impl, params, hparams) for impl in ranked}
+        found = measure(algorithm, ranked, params, hparams)
+        timings = found.timings
         if agreement is not None:
             timings = _slowest_rank(timings, agreement)
         winner = min(ranked, key=lambda impl: timings[impl.name]).name
         cached = (winner, timings)
+        provisional = agreement is None and bool(found.late)
         with _lock:
-            cache[key] = cached
+            _measurements[key] = attrs.evolve(found, winner=winner, timings=timings)
+            if not provisional:
+                cache[key] = cached
     return next(impl for impl in ranked if impl.name == cached[0])
 
 
@@ -254,12 +684,14 @@ def select(
         hparams: hyperparameters to time with.
 
     Returns:
-        The chosen record; None when ``impl`` is None and no candidate can
-        run ``params``.
+        The chosen record; None when ``impl`` is None and no available
+        candidate can run ``params``.
 
     Raises:
         HyperparameterError: ``impl`` names no candidate, or one that cannot
             run ``params``.
+        OptimizerUnavailableError: ``impl`` names a candidate that cannot run
+            on this machine (its availability check gives the reason).
     """
     if impl is not None:
         chosen = next((c for c in candidates if c.name == impl), None)
@@ -267,6 +699,13 @@ def select(
             names = ", ".join(sorted(c.name for c in candidates)) or "none registered"
             raise HyperparameterError(
                 "impl", impl, f"no such implementation; available: {names}", algorithm=algorithm
+            )
+        reason = availability_reason(chosen)
+        if reason is not None:
+            origin = f" from plugin {chosen.provider}" if chosen.provider is not None else ""
+            raise OptimizerUnavailableError(
+                f"{algorithm}: implementation {impl!r}{origin} (impl={impl!r}) is unavailable "
+                f"on this machine: {reason}"
             )
         if not chosen.can_run(params):
             raise HyperparameterError(
@@ -283,9 +722,15 @@ def select(
 def _runnable(
     candidates: Sequence[ImplementationSpec], params: Sequence[torch.Tensor]
 ) -> list[ImplementationSpec]:
-    """The candidates that can run ``params``; one whose check raises is reported and skipped."""
+    """The available candidates that can run ``params``.
+
+    One that is unavailable on this machine is left out; one whose
+    ``supports`` check raises is reported and skipped.
+    """
     found = []
     for candidate in candidates:
+        if availability_reason(candidate) is not None:
+            continue
         try:
             if candidate.can_run(params):
                 found.append(candidate)
@@ -295,7 +740,14 @@ def _runnable(
 
 
 def tensor_kinds(params: Sequence[torch.Tensor]) -> str:
-    """``"cpu/torch.float32, cuda/torch.bfloat16"``: the device/dtype pairs in ``params``."""
+    """``"cpu/torch.float32, cuda/torch.bfloat16"``: the device/dtype pairs in ``params``.
+
+    Args:
+        params: tensors.
+
+    Returns:
+        The sorted, comma-separated pairs.
+    """
     return ", ".join(sorted({f"{p.device.type}/{p.dtype}" for p in params}))
 
 

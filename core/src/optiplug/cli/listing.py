@@ -11,7 +11,7 @@ import attrs
 
 from .._auto.model_config import parse_parameter_count
 from .._core.registry import Registry
-from .._core.specs import OptimizerSpec, ProviderInfo, ScheduleSpec
+from .._core.specs import ImplementationSpec, OptimizerSpec, ProviderInfo, ScheduleSpec
 from .._state.memory import MemoryEstimate, estimate
 from .._text import format_table
 from ..errors import ModelConfigError, OptiplugError, UnknownOptimizerError
@@ -30,6 +30,7 @@ __all__ = [
     "show_memory",
     "show_optimizer",
     "show_schedule",
+    "unavailable_implementations",
 ]
 
 Listing = dict[str, list[dict[str, Any]]]
@@ -58,6 +59,13 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps(found, indent=2, default=str))
         return 0
     print(format_table(_LIST_HEADER, _list_rows(found)))
+    notes = [
+        f"unavailable: implementation {name!r} of {item['name']}: {reason}"
+        for item in found["optimizers"]
+        for name, reason in item["unavailable"].items()
+    ]
+    if notes:
+        print("\n" + "\n".join(notes))
     for plugin in (p for p in found["plugins"] if p["status"] != "active"):
         origin = f"{plugin['distribution']} {plugin['version']}"
         print(f"\n{plugin['status']}: plugin {plugin['name']} ({origin}): {plugin['error']}")
@@ -87,6 +95,7 @@ def _optimizer_record(registry: Registry, spec: OptimizerSpec) -> dict[str, Any]
         "name": spec.name,
         "aliases": list(spec.aliases),
         "implementations": _implementation_names(registry, spec),
+        "unavailable": unavailable_implementations(registry, spec),
         **_provider_fields(spec),
         "summary": spec.summary,
     }
@@ -131,16 +140,50 @@ def _implementation_names(registry: Registry, spec: OptimizerSpec) -> list[str]:
     return [i.name for i in registry.implementations(spec.name, provider=provider)]
 
 
-def _implementations_line(registry: Registry, spec: OptimizerSpec) -> str:
-    """``"foreach, fused, loop, turbo (failed: RuntimeError: ...)"``, for ``show``.
+def _availability(impl: ImplementationSpec) -> str | None:
+    """Why ``impl`` cannot run on this machine, or None; a check that raises gives its error."""
+    try:
+        reason = impl.unavailable_reason()
+    except Exception as error:
+        return f"availability check raised {type(error).__name__}: {error}"
+    return None if reason is None else str(reason)
 
-    An implementation this process skipped because it raised is marked failed.
+
+def unavailable_implementations(registry: Registry, spec: OptimizerSpec) -> dict[str, str]:
+    """The implementations of ``spec`` that cannot run on this machine, with the reason.
+
+    Args:
+        registry: where its implementations are registered.
+        spec: the optimizer.
+
+    Returns:
+        ``{implementation name: reason}`` (``impl=None`` never picks these;
+        forcing one raises :class:`~optiplug.errors.OptimizerUnavailableError`).
+    """
+    found = {}
+    for impl in registry.implementations(spec.name, provider=_provider(spec).plugin):
+        reason = _availability(impl)
+        if reason is not None:
+            found[impl.name] = reason
+    return found
+
+
+def _implementations_line(registry: Registry, spec: OptimizerSpec) -> str:
+    """``"foreach, fused, loop, triton (unavailable: needs a CUDA device)"``, for ``show``.
+
+    An implementation that cannot run on this machine is marked unavailable
+    with the reason; one this process skipped because it raised is marked
+    failed.
     """
     failed = registry.implementation_failures(spec.name, provider=_provider(spec).plugin)
-    names = [
-        name + (f" (failed: {failed[name]})" if name in failed else "")
-        for name in _implementation_names(registry, spec)
-    ]
+    unavailable = unavailable_implementations(registry, spec)
+    names = []
+    for name in _implementation_names(registry, spec):
+        if name in unavailable:
+            name += f" (unavailable: {unavailable[name]})"
+        elif name in failed:
+            name += f" (failed: {failed[name]})"
+        names.append(name)
     return ", ".join(names) or "-"
 
 
@@ -148,7 +191,14 @@ def _list_rows(found: Listing) -> list[list[str]]:
     rows = []
     for kind, key in (("optimizer", "optimizers"), ("schedule", "schedules"), ("rule", "rules")):
         for item in found[key]:
-            impls = ",".join(item.get("implementations", ())) or "-"
+            unavailable = item.get("unavailable", {})
+            impls = (
+                ",".join(
+                    name + ("(unavailable)" if name in unavailable else "")
+                    for name in item.get("implementations", ())
+                )
+                or "-"
+            )
             origin = [item["plugin"], item["distribution"], item["version"]]
             rows.append([kind, item["name"], impls, *origin, "active"])
     for plugin in found["plugins"]:

@@ -1,4 +1,4 @@
-"""The core's built-in commands plugin: ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``new-plugin``.
+"""The core's built-in commands: ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``bench``, ``new-plugin``.
 
 It answers the same ``optiplug_cli_commands`` hook a third-party plugin does,
 so the built-in commands are registered and listed like anyone's
@@ -36,7 +36,8 @@ def optiplug_cli_commands() -> list[CommandSpec]:
     """Provide the core's commands (``train`` comes from :mod:`optiplug._train.plugin`).
 
     Returns:
-        The ``list``, ``show``, ``schedule``, ``auto``, ``check`` and ``new-plugin`` commands.
+        The ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``bench`` and ``new-plugin``
+        commands.
     """
     return [
         _command(
@@ -69,6 +70,20 @@ def optiplug_cli_commands() -> list[CommandSpec]:
             "check",
             "configure",
             "run",
+        ),
+        _command(
+            "bench",
+            "time every implementation of an algorithm at a given size, against a copy floor",
+            "bench",
+            "configure",
+            "run",
+            description=(
+                "For ALGORITHM (default: all) build --params parameters in --tensors equal "
+                "tensors on --device, time each implementation's step (median of --steps "
+                "interleaved steps after untimed warm-up), compare it with an in-place copy of "
+                "the bytes per parameter the update moves, show unavailable and unsupported "
+                "implementations with the reason, and mark the one impl=None picks."
+            ),
         ),
         _command(
             "new-plugin",

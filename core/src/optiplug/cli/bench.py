@@ -1,0 +1,537 @@
+"""``optiplug bench``: every implementation's step time at a given size, against a copy floor.
+
+For one algorithm (or all of them) the command builds ``--params``
+parameters in ``--tensors`` equal tensors on ``--device``, creates the
+optimizer once per implementation (forced with ``impl=``), runs untimed
+warm-up steps (compilation, first call, state allocation), then times
+``--steps`` rounds of one step per implementation, interleaved, and reports
+each one's median. The floor is an in-place copy moving the bytes per
+parameter the algorithm's update must move (read the parameter, its
+gradient and every per-parameter state slot; write the parameter and the
+slots), for the element-wise algorithms whose traffic that describes. The
+implementation ``impl=None`` picks at this size is measured afresh and
+marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._core.create import validated_hparams
+from .._core.registry import Registry
+from .._core.specs import ImplementationSpec, OptimizerSpec
+from .._text import format_table
+from ..errors import OptiplugError
+from .listing import parse_count
+from .schedule import parse_param
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DTYPES",
+    "WARMUP_STEPS",
+    "AlgorithmBench",
+    "ImplementationTime",
+    "bench_algorithm",
+    "bytes_per_parameter",
+    "configure",
+    "format_bench",
+    "run",
+]
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""``--dtype`` choices and the torch dtype each names (the long names are accepted too)."""
+
+WARMUP_STEPS = 2
+"""Untimed steps per implementation before the timed rounds."""
+
+_ELEMENTWISE = frozenset({"sgd", "adam", "adamw", "lion"})
+"""Algorithms whose step is element-wise, so that a copy of the same bytes is its floor."""
+
+_PICK_MARK = "*"
+
+
+@attrs.frozen
+class ImplementationTime:
+    """One implementation's row.
+
+    Attributes:
+        name: the implementation (``"default"`` for an algorithm without any:
+            its own factory).
+        status: ``"ok"``, ``"unavailable"``, ``"unsupported"`` or ``"failed"``.
+        ms_per_step: median milliseconds per step (None unless ``ok``).
+        times_floor: ``ms_per_step`` over the floor (None without both).
+        reason: why it was not timed.
+        picked: whether ``impl=None`` picks it at this size.
+    """
+
+    name: str
+    status: str
+    ms_per_step: float | None = None
+    times_floor: float | None = None
+    reason: str = ""
+    picked: bool = False
+
+
+@attrs.frozen
+class AlgorithmBench:
+    """One algorithm's benchmark.
+
+    Attributes:
+        algorithm: its name.
+        parameters: parameters timed (``tensors`` x ``shape``).
+        tensors: how many tensors.
+        shape: each tensor's shape.
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        steps: timed rounds.
+        threads: torch's intra-op threads while timing.
+        bytes_per_param: bytes the update moves per parameter, None when the
+            floor does not apply.
+        floor_ms: milliseconds of an in-place copy moving those bytes.
+        floor_note: why there is no floor, when there is none.
+        pick: the implementation ``impl=None`` picks, or None.
+        implementations: one row each.
+    """
+
+    algorithm: str
+    parameters: int
+    tensors: int
+    shape: tuple[int, ...]
+    device: str
+    dtype: str
+    steps: int
+    threads: int
+    bytes_per_param: int | None
+    floor_ms: float | None
+    floor_note: str
+    pick: str | None
+    implementations: tuple[ImplementationTime, ...]
+
+
+def _dtype_name(text: str) -> str:
+    """``--dtype``: ``fp32``/``bf16``/``fp16`` (or ``float32``/``bfloat16``/``float16``)."""
+    lowered = text.strip().lower()
+    for short, long in DTYPES.items():
+        if lowered in (short, long):
+            return short
+    raise argparse.ArgumentTypeError(
+        f"unknown dtype {text!r}; choose from {', '.join(DTYPES)} (or {', '.join(DTYPES.values())})"
+    )
+
+
+def _positive(text: str) -> int:
+    """``--steps``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` command's arguments to ``parser``.
+
+    Args:
+        parser: the subcommand's parser.
+    """
+    parser.add_argument(
+        "algorithm", nargs="?", default="all", help="an optimizer name, or all (default)"
+    )
+    parser.add_argument(
+        "--params",
+        type=parse_count,
+        default=parse_count("1M"),
+        metavar="N",
+        help="parameters in all (7B, 64M, 1M, 1.3b, 7e9; default 1M)",
+    )
+    parser.add_argument(
+        "--tensors",
+        type=parse_count,
+        default=8,
+        metavar="K",
+        help="split into K equal tensors (default 8)",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: cpu")
+    parser.add_argument(
+        "--dtype", type=_dtype_name, default="fp32", help="fp32 (default), bf16 or fp16"
+    )
+    parser.add_argument(
+        "--steps", type=_positive, default=5, help="timed rounds, one step each (default 5)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=_positive,
+        metavar="N",
+        help="intra-op threads on the CPU (default: torch's own choice)",
+    )
+    parser.add_argument(
+        "--param",
+        type=parse_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hyperparameter, e.g. momentum=0.9 (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Benchmark ``args.algorithm`` (or every algorithm) and print the table.
+
+    Args:
+        args: the parsed arguments (``algorithm``, ``params``, ``tensors``,
+            ``device``, ``dtype``, ``steps``, ``threads``, ``param``, ``json``,
+            ``registry``).
+
+    Returns:
+        0.
+
+    Raises:
+        UnknownOptimizerError: an unknown algorithm (with a did-you-mean).
+        OptiplugError: ``--device cuda`` without a CUDA device, or more
+            tensors than parameters.
+        HyperparameterError: a bad ``--param``.
+    """
+    import torch  # deferred: imports torch
+
+    registry: Registry = args.registry
+    if args.tensors > args.params:
+        raise OptiplugError(
+            f"--tensors: {args.tensors:,} tensors cannot hold --params {args.params:,} parameters"
+        )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise OptiplugError("--device: cuda was asked for, but no CUDA device is available")
+    if getattr(args, "threads", None) is not None:
+        torch.set_num_threads(args.threads)
+    if args.algorithm == "all":
+        specs = registry.optimizer_specs()
+    else:
+        specs = [registry.spec(args.algorithm)]
+    overrides = {key.replace("-", "_"): value for key, value in args.param}
+    results = []
+    for spec in specs:
+        results.append(
+            bench_algorithm(
+                registry,
+                spec,
+                parameters=args.params,
+                tensors=args.tensors,
+                device=args.device,
+                dtype=args.dtype,
+                steps=args.steps,
+                overrides=overrides if args.algorithm != "all" else _known(spec, overrides),
+            )
+        )
+    if args.json:
+        print(json.dumps([attrs.asdict(result) for result in results], indent=2))
+    else:
+        print("\n\n".join(format_bench(result) for result in results))
+    return 0
+
+
+def _known(spec: OptimizerSpec, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--param`` values ``spec`` takes (with ``all``, each algorithm gets its own)."""
+    names = {h.name for h in spec.hyperparameters}
+    return {key: value for key, value in overrides.items() if key in names}
+
+
+def _shape(per_tensor: int) -> tuple[int, ...]:
+    """A matrix holding ``per_tensor`` elements or slightly fewer: power-of-two columns.
+
+    Matrices, not vectors, so that algorithms that treat matrices specially
+    (muon) run their matrix path.
+    """
+    columns = 1 << max(0, (per_tensor.bit_length() - 1) // 2)
+    return (max(1, per_tensor // columns), columns)
+
+
+def bytes_per_parameter(
+    spec: OptimizerSpec, hparams: Mapping[str, Any], itemsize: int
+) -> int | None:
+    """Bytes an element-wise update of ``spec`` moves per parameter, or None.
+
+    Read the parameter, its gradient and each per-parameter state slot
+    present for ``hparams``; write the parameter and the slots: Adam in fp32
+    moves 28 bytes (read p, g, m, v; write p, m, v), SGD with momentum 20,
+    without 12, Lion 20.
+
+    Args:
+        spec: the algorithm.
+        hparams: its hyperparameters (which decide conditional slots).
+        itemsize: bytes per parameter element.
+
+    Returns:
+        The bytes; None for an algorithm that is not element-wise (muon) or
+        declares no state layout.
+    """
+    if spec.name not in _ELEMENTWISE or spec.state_slots is None:
+        return None
+    total = 3 * itemsize  # read p and g, write p
+    for slot in spec.state_slots:
+        if slot.shape == "param" and slot.present_for(hparams):
+            total += 2 * (4 if slot.dtype == "float32" else itemsize)
+    return total
+
+
+def _make_params(
+    tensors: int, shape: tuple[int, ...], device: str, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    import torch  # deferred: imports torch
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    made: list[torch.Tensor] = []
+    for _ in range(tensors):
+        values = torch.randn(shape, generator=generator, device=device).to(dtype)
+        param = torch.nn.Parameter(values)
+        param.grad = torch.randn(shape, generator=generator, device=device).to(dtype)
+        made.append(param)
+    return made
+
+
+def _clone(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    import torch  # deferred: imports torch
+
+    copies: list[torch.Tensor] = []
+    for param in params:
+        copy = torch.nn.Parameter(param.detach().clone())
+        copy.grad = None if param.grad is None else param.grad.clone()
+        copies.append(copy)
+    return copies
+
+
+def _median_ms(step: Callable[[], Any], steps: int, device: torch.device) -> float:
+    return 1e3 * statistics.median(_timed(step, device) for _ in range(steps))
+
+
+def _timed(step: Callable[[], Any], device: torch.device) -> float:
+    """Seconds ``step()`` takes, the device synchronized before and after."""
+    _synchronize(device)
+    start = time.perf_counter()
+    step()
+    _synchronize(device)
+    return time.perf_counter() - start
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        import torch  # deferred: imports torch
+
+        torch.cuda.synchronize(device)
+
+
+def _floor_ms(parameters: int, moved: int, steps: int, device: torch.device) -> float:
+    """An in-place copy of ``parameters * moved / 2`` bytes (read once, written once).
+
+    The buffers are float32 (a byte-wise copy is slower on some CPUs), so the
+    bytes are rounded up to a multiple of 4.
+    """
+    import torch  # deferred: imports torch
+
+    size = max(1, -(-parameters * moved // 8))
+    source = torch.ones(size, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    for _ in range(WARMUP_STEPS):
+        target.copy_(source)
+    return _median_ms(lambda: target.copy_(source), steps, device)
+
+
+def _pick(
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+) -> str | None:
+    """What ``impl=None`` picks for these parameters, measured afresh (the cache is cleared)."""
+    from .._core import autotune  # deferred: imports torch
+
+    autotune.clear_cache()
+    chosen = autotune.select(spec.name, candidates, None, params, hparams)
+    return None if chosen is None else chosen.name
+
+
+def bench_algorithm(
+    registry: Registry,
+    spec: OptimizerSpec,
+    *,
+    parameters: int,
+    tensors: int,
+    device: str,
+    dtype: str,
+    steps: int,
+    overrides: Mapping[str, Any] | None = None,
+) -> AlgorithmBench:
+    """Time every implementation of ``spec`` at one size, and the copy floor.
+
+    Args:
+        registry: where ``spec`` and its implementations are registered.
+        spec: the algorithm.
+        parameters: parameters in all (rounded down to ``tensors`` equal matrices).
+        tensors: how many tensors.
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        steps: timed rounds (one step per implementation each, interleaved).
+        overrides: hyperparameters over the algorithm's defaults and example.
+
+    Returns:
+        The benchmark.
+
+    Raises:
+        HyperparameterError: a bad override.
+    """
+    import torch  # deferred: imports torch
+
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    where = torch.device(device)
+    shape = _shape(parameters // tensors)
+    params = _make_params(tensors, shape, device, torch_dtype)
+    hparams = validated_hparams(spec, {**spec.example_hparams, **(overrides or {})})
+    candidates = registry.implementations(spec.name)
+    rows: dict[str, ImplementationTime] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    for impl in candidates:
+        status, reason = _status(impl, params)
+        if status != "ok":
+            rows[impl.name] = ImplementationTime(impl.name, status, reason=reason)
+            continue
+        built = _warmed(registry, spec, _clone(params), hparams, impl.name)
+        if isinstance(built, str):
+            rows[impl.name] = ImplementationTime(impl.name, "failed", reason=built)
+        else:
+            optimizers[impl.name] = built
+    if not candidates:
+        built = _warmed(registry, spec, _clone(params), hparams, None)
+        if isinstance(built, str):
+            rows["default"] = ImplementationTime("default", "failed", reason=built)
+        else:
+            optimizers["default"] = built
+    pick = _pick(spec, candidates, params, hparams) if candidates else None
+    timed = _interleaved(optimizers, steps, where)
+    moved = bytes_per_parameter(spec, hparams, torch_dtype.itemsize)
+    count = tensors * shape[0] * shape[1]
+    floor = _floor_ms(count, moved, steps, where) if moved is not None else None
+    for name, ms in timed.items():
+        ratio = ms / floor if floor else None
+        rows[name] = ImplementationTime(name, "ok", ms, ratio, picked=name == pick)
+    if "default" in timed:
+        reason = "no implementations registered: the algorithm's own factory"
+        rows["default"] = attrs.evolve(rows["default"], reason=reason)
+    ordered = tuple(rows[name] for name in sorted(rows))
+    return AlgorithmBench(
+        algorithm=spec.name,
+        parameters=count,
+        tensors=tensors,
+        shape=shape,
+        device=device,
+        dtype=dtype,
+        steps=steps,
+        threads=torch.get_num_threads(),
+        bytes_per_param=moved,
+        floor_ms=floor,
+        floor_note=(
+            "" if moved is not None else "n/a: not an element-wise update with a known state layout"
+        ),
+        pick=pick,
+        implementations=ordered,
+    )
+
+
+def _status(impl: ImplementationSpec, params: Sequence[torch.Tensor]) -> tuple[str, str]:
+    """``("ok", "")``, or ``("unavailable" | "unsupported" | "failed", reason)``."""
+    from .._core import autotune  # deferred: imports torch
+
+    reason = autotune.availability_reason(impl)
+    if reason is not None:
+        return "unavailable", reason
+    try:
+        runs = impl.can_run(params)
+    except Exception as error:
+        return "failed", f"its supports check raised {type(error).__name__}: {error}"
+    if not runs:
+        return "unsupported", f"does not support {autotune.tensor_kinds(params)} parameters"
+    return "ok", ""
+
+
+def _warmed(
+    registry: Registry,
+    spec: OptimizerSpec,
+    params: list[torch.Tensor],
+    hparams: Mapping[str, Any],
+    impl: str | None,
+) -> torch.optim.Optimizer | str:
+    """The optimizer forced to ``impl`` after its warm-up steps, or why it failed.
+
+    The parameters are named like a model's hidden matrices, so an algorithm
+    that routes by name (muon) treats them as such.
+    """
+    named = [(f"blocks.{index}.weight", param) for index, param in enumerate(params)]
+    try:
+        optimizer = registry.create(spec.name, named, impl=impl, **hparams)
+        for _ in range(WARMUP_STEPS):
+            optimizer.step()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return optimizer
+
+
+def _interleaved(
+    optimizers: Mapping[str, torch.optim.Optimizer], steps: int, device: torch.device
+) -> dict[str, float]:
+    """Median ms per step of each optimizer over ``steps`` interleaved rounds."""
+    names = list(optimizers)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(steps):
+        shift = index % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_timed(optimizers[name].step, device))
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+
+def format_bench(result: AlgorithmBench) -> str:
+    """The benchmark of one algorithm as a heading and a table.
+
+    Args:
+        result: what :func:`bench_algorithm` measured.
+
+    Returns:
+        Lines of text; the implementation ``impl=None`` picks is marked ``*``.
+    """
+    shape = "x".join(str(n) for n in result.shape)
+    lines = [
+        f"{result.algorithm}: {result.parameters:,} {result.dtype} parameters in "
+        f"{result.tensors:,} tensors of {shape} on {result.device} ({result.threads} "
+        f"intra-op thread{'s' if result.threads != 1 else ''}); median of "
+        f"{result.steps} interleaved steps after {WARMUP_STEPS} untimed",
+    ]
+    if result.floor_ms is not None:
+        lines.append(
+            f"floor: in-place copy of {result.bytes_per_param} B/param: {result.floor_ms:.3f} ms"
+        )
+    else:
+        lines.append(f"floor: {result.floor_note}")
+    rows = []
+    for row in result.implementations:
+        mark = f"{row.name} {_PICK_MARK}" if row.picked else row.name
+        ms = f"{row.ms_per_step:.3f}" if row.ms_per_step is not None else "-"
+        ratio = f"{row.times_floor:.2f}" if row.times_floor is not None else "n/a"
+        note = row.status if not row.reason else f"{row.status}: {row.reason}"
+        if row.picked:
+            note += " (impl=None picks it)"
+        rows.append([mark, ms, ratio if row.status == "ok" else "-", note])
+    lines.append(format_table(["implementation", "ms/step", "x floor", "status"], rows))
+    if result.pick is None and any(row.name != "default" for row in result.implementations):
+        lines.append("impl=None: no implementation can run these parameters here")
+    elif os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
+        lines.append("impl=None: chosen by priority (OPTIPLUG_AUTOTUNE=0)")
+    return "\n".join(lines)
