@@ -132,7 +132,11 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
     """Whether torch's fused kernels can run ``params``.
 
     They need dense floating tensors (fp16, bf16, fp32, fp64) all on one
-    device of a type torch has fused kernels for (CPU, CUDA, MPS, XPU...).
+    device of a type torch has fused kernels for (CPU, CUDA, MPS, XPU...),
+    and plain tensors: not distributed DTensors (FSDP's sharded
+    parameters), since not every fused kernel has a DTensor sharding rule
+    (torch 2.13's fused SGD has none) and this check is shared by every
+    torch-backed algorithm; their foreach and loop paths run DTensors.
 
     Args:
         params: the parameter tensors.
@@ -145,9 +149,17 @@ def fused_supported(params: Sequence[torch.Tensor]) -> bool:
         return False
     supported = set(_get_fused_kernels_supported_devices())
     return all(
-        p.device.type in supported and p.dtype in _FUSED_DTYPES and p.layout is torch.strided
+        p.device.type in supported
+        and p.dtype in _FUSED_DTYPES
+        and p.layout is torch.strided
+        and not _distributed(p)
         for p in params
     )
+
+
+def _distributed(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a distributed tensor (a ``DTensor``: it has ``to_local``)."""
+    return hasattr(tensor, "to_local")
 
 
 def foreach_supported(params: Sequence[torch.Tensor]) -> bool:

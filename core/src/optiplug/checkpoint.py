@@ -21,6 +21,13 @@ refuses a state that would not load back (a NaN in a moment estimate, say),
 leaving an earlier checkpoint at the path as it was. :func:`export_torch` and
 :func:`import_torch` exchange a plain ``torch.save`` file of the state dict
 instead (loadable with ``torch.load(..., weights_only=True)``).
+
+:func:`save_sharded` and :func:`load_sharded` keep a model and its optimizer
+(FSDP2 ``DTensor`` shards, or plain tensors) through
+``torch.distributed.checkpoint``: every rank writes its own shards, the same
+guarantees hold (hashes, a marker written last, all-or-nothing loading,
+problems of every rank reported together) and the world size may change
+between saving and loading. :func:`verify` reads both kinds.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ from ._checkpoint.format import (
 )
 from ._checkpoint.io import publish_directory, write_atomic_file, write_durable
 from ._checkpoint.schema import check_metadata, parse_object
+from ._checkpoint.sharded import is_sharded, read_steps, verify_sharded
+from ._checkpoint.sharded import load_sharded as _load_sharded
+from ._checkpoint.sharded import save_sharded as _save_sharded
 from ._checkpoint.state import snapshot, state_dict_from, stored_target, unshared
 from ._core.registry import Registry, bound_registry
 from ._core.specs import OptimizerSpec, Problem, ProviderInfo
@@ -66,8 +76,10 @@ __all__ = [
     "extra_tensors",
     "import_torch",
     "load",
+    "load_sharded",
     "load_stored",
     "save",
+    "save_sharded",
     "verify",
 ]
 
@@ -118,6 +130,11 @@ class CheckpointInfo:
         problems: filled by :func:`verify`: the saved state checked against
             its own recorded parameters and its algorithm's schema (empty
             when valid, and always empty from :func:`save` and :func:`load`).
+        world_size: for a sharded checkpoint (:func:`save_sharded`), the
+            number of ranks that wrote it; None for a single-file one. Its
+            ``tensor_count`` counts DCP's entries, ``tensor_bytes`` all
+            files, ``sha256`` is that of DCP's ``.metadata`` index, and
+            ``steps`` is filled by :func:`verify` only (read from the shards).
     """
 
     path: str
@@ -136,6 +153,7 @@ class CheckpointInfo:
     sha256: str
     extra: dict[str, Any] = attrs.field(eq=False)
     problems: tuple[Problem, ...] = ()
+    world_size: int | None = None
 
 
 @attrs.frozen
@@ -361,16 +379,153 @@ def verify(path: PathLike, *, registry: Registry | None = None) -> CheckpointInf
         path: the checkpoint directory.
         registry: where to look the algorithm up; the default registry when None.
 
+    A sharded checkpoint (:func:`save_sharded`) is verified whole in this
+    process: marker, manifest, and every rank's files against their
+    SHA-256; its problems are parameters the manifest records that DCP's
+    index lacks or holds with another shape.
+
     Returns:
         The :class:`CheckpointInfo`.
 
     Raises:
         CheckpointError: missing, truncated, tampered or foreign files.
     """
+    if is_sharded(path):
+        manifest, index = verify_sharded(path)
+        return _sharded_info(Path(path), manifest, index, check=True)
     stored = read_checkpoint(Path(path))
     _, problems = _examine(stored, bound_registry(registry))
     info = _info(stored.path, stored.metadata, stored.tensors)
     return attrs.evolve(info, problems=problems)
+
+
+def save_sharded(
+    path: PathLike, model: torch.nn.Module, optimizer: Any, **extra: Any
+) -> CheckpointInfo:
+    """Save ``model`` and ``optimizer`` as a sharded checkpoint: every rank writes its own shards.
+
+    Call it on every rank of the process group (or in a single process
+    without ``torch.distributed``). Model and optimizer state are taken with
+    ``torch.distributed.checkpoint.state_dict`` (keyed by parameter FQN; an
+    FSDP2 parameter is a ``DTensor`` and each rank keeps its shards) and
+    written with ``torch.distributed.checkpoint.save`` into a staging
+    directory; each rank hashes the files it wrote; once every rank has
+    finished, rank 0 writes ``manifest.json`` (every file's SHA-256) and the
+    ``COMMITTED`` marker last, then renames the directory into place. A rank
+    that fails or dies before that leaves an earlier checkpoint at ``path``
+    as it was. Every rank must see ``path`` (a shared file system).
+
+    Args:
+        path: the checkpoint directory (created; parents too).
+        model: the module (``fully_shard``-ed or plain).
+        optimizer: its optimizer.
+        **extra: JSON-serialisable data to keep with it (rank 0's values).
+
+    Returns:
+        The :class:`CheckpointInfo` of what was written (on every rank).
+
+    Raises:
+        TypeError: ``extra`` is not JSON-serialisable.
+        StateDictError: on some rank the state would not load back (NaN or
+            inf, invalid optimizer state): every rank's problems, on every
+            rank; nothing was written.
+        CheckpointError: ``path`` holds something other than a checkpoint,
+            the file system refused, or a rank failed or stopped answering;
+            nothing was committed.
+    """
+    manifest = _save_sharded(path, model, optimizer, extra=extra)
+    return _sharded_info(Path(path), manifest, None)
+
+
+def load_sharded(path: PathLike, model: torch.nn.Module, optimizer: Any) -> LoadResult:
+    """Verify a sharded checkpoint on every rank, then load it into ``model`` and ``optimizer``.
+
+    Call it on every rank. The ranks share the hashing of the files, check
+    the target's keys, shapes and dtypes against the checkpoint's index,
+    read their parts into copies (``torch.distributed.checkpoint.load``
+    reshards: any world size, FSDP2 or a plain single-process model) and
+    validate them (finite values; the optimizer state as
+    :func:`optiplug.load_state_dict` validates it). Every problem of every
+    rank is reported on every rank, and only when there is none anywhere are
+    ``set_model_state_dict``/``set_optimizer_state_dict`` applied.
+
+    Args:
+        path: the checkpoint directory written by :func:`save_sharded`.
+        model: the module to load into.
+        optimizer: its optimizer (same algorithm and parameters).
+
+    Returns:
+        A :class:`LoadResult`: ``.extra`` is the data given to
+        :func:`save_sharded`; ``.problems`` is empty (a sharded load is
+        always strict) and ``.tensors`` too.
+
+    Raises:
+        CheckpointError: missing, truncated or modified files on any rank,
+            or a rank failed or stopped answering; nothing was changed.
+        StateDictError: the checkpoint does not fit ``model``/``optimizer``
+            (missing or unexpected keys, shapes, dtypes, NaN or inf, invalid
+            optimizer state); nothing was changed.
+    """
+    loaded = _load_sharded(path, model, optimizer)
+    info = _sharded_info(loaded.path, loaded.manifest, None)
+    return LoadResult(info, ())
+
+
+def _sharded_info(
+    path: Path, manifest: Mapping[str, Any], index: Any = None, *, check: bool = False
+) -> CheckpointInfo:
+    """A sharded checkpoint's manifest as a :class:`CheckpointInfo`.
+
+    With ``check``, the parameters the manifest records are looked up in
+    DCP's ``index``: one absent or of another shape is a problem.
+    """
+    files = manifest["files"]
+    parameters = tuple(
+        ParameterInfo(
+            index=record["index"],
+            name=record.get("name"),
+            group=record["group"],
+            shape=tuple(record["shape"]),
+            dtype=record["dtype"],
+            slots=tuple(record.get("slots", ())),
+        )
+        for record in manifest["parameters"]
+    )
+    problems: list[Problem] = []
+    if index is not None and check:
+        entries = index.state_dict_metadata
+        for parameter in parameters:
+            entry = entries.get(f"model.{parameter.name}")
+            size = tuple(getattr(entry, "size", ()))
+            if entry is None or size != parameter.shape:
+                found = "absent" if entry is None else str(list(size))
+                problems.append(
+                    Problem(
+                        parameter=str(parameter.name),
+                        kind="missing-key" if entry is None else "shape",
+                        expected=str(list(parameter.shape)),
+                        found=found,
+                    )
+                )
+    return CheckpointInfo(
+        path=str(path),
+        checkpoint_id=manifest["checkpoint_id"],
+        created=manifest["created"],
+        algorithm=manifest["algorithm"],
+        implementation=manifest["implementation"],
+        optimizer_class=manifest["optimizer_class"],
+        plugin=_provider(manifest["plugin"]),
+        versions=dict(manifest["versions"]),
+        parameters=parameters,
+        hyperparameters=tuple(dict(g["hyperparameters"]) for g in manifest["param_groups"]),
+        steps=read_steps(path, index) if index is not None and check else (),
+        tensor_count=manifest["tensor_count"],
+        tensor_bytes=sum(info["bytes"] for info in files.values()),
+        sha256=files[".metadata"]["sha256"],
+        extra=dict(manifest["extra"]),
+        problems=tuple(sorted(problems)),
+        world_size=manifest["world_size"],
+    )
 
 
 def _self_target(stored: Stored, state_dict: Mapping[str, Any], registry: Registry) -> Any:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 __all__ = [
     "NONFINITE_POLICIES",
@@ -52,12 +53,18 @@ def all_finite(values: Iterable[Any]) -> bool:
     dtype, and each group costs one multi-tensor max-abs reduction
     (``torch._foreach_norm`` with ord inf: NaN and inf propagate into it, and
     a max cannot overflow the way a sum of squares can) and one host sync.
-    Empty tensors are finite (their infinity norm is undefined).
+    Empty tensors are finite (their infinity norm is undefined). A
+    ``DTensor`` (FSDP's sharded parameters, gradients and state) is checked
+    on its local shard, with no communication: the answer is this rank's,
+    and a caller whose ranks hold different shards agrees on it across them
+    (``Graph`` does, with one all-reduce).
     """
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for value in values:
         if isinstance(value, float) and not math.isfinite(value):
             return False
+        if isinstance(value, DTensor):
+            value = value.to_local()
         floating = isinstance(value, torch.Tensor) and (
             value.is_floating_point() or value.is_complex()
         )

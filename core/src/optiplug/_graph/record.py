@@ -2,7 +2,11 @@
 
 ``Graph.save`` keeps its counters, schedule, lrs, data position and the
 Python and NumPy RNG states in the checkpoint's metadata (``extra.graph``) and
-the torch RNG states among its tensors (``rng/...``). :func:`read_record`
+the torch RNG states among its tensors (``rng/...``). A sharded checkpoint
+(FSDP) keeps the record in its manifest's ``extra.graph`` and every rank's
+RNG states in its ``ranks`` list (:func:`rank_record`; the torch states as
+hex text), which :func:`read_rank_record` turns back into the same form
+before checking it. :func:`read_record`
 turns them into a :class:`GraphRecord` whose every value is known to be
 applicable: RNG states are tried on scratch generators, the schedule is built.
 """
@@ -22,7 +26,15 @@ from .._api import schedule as build_schedule
 from .._schedules.base import Schedule
 from ..errors import CheckpointError, OptiplugError
 
-__all__ = ["GRAPH_KEYS", "GraphRecord", "numpy_rng_state", "read_record", "torch_rng_states"]
+__all__ = [
+    "GRAPH_KEYS",
+    "GraphRecord",
+    "numpy_rng_state",
+    "rank_record",
+    "read_rank_record",
+    "read_record",
+    "torch_rng_states",
+]
 
 GRAPH_KEYS = (
     "training_step",
@@ -243,3 +255,73 @@ def torch_rng_states() -> dict[str, torch.Tensor]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         states.update({f"{_CUDA_RNG}{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     return states
+
+
+def _json_ready(value: Any) -> Any:
+    return [_json_ready(item) for item in value] if isinstance(value, (tuple, list)) else value
+
+
+def rank_record() -> dict[str, Any]:
+    """This process's RNG states, JSON-ready: its entry in a sharded checkpoint's ``ranks``.
+
+    Returns:
+        ``python_rng`` and ``numpy_rng`` as in the graph record, and
+        ``torch_rng``: each torch generator's state (``rng/torch_cpu``,
+        ``rng/cuda_N``) as hex text.
+    """
+    return {
+        "python_rng": _json_ready(random.getstate()),
+        "numpy_rng": numpy_rng_state(),
+        "torch_rng": {
+            key: bytes(state.tolist()).hex() for key, state in torch_rng_states().items()
+        },
+    }
+
+
+def read_rank_record(
+    manifest: Mapping[str, Any], groups: int, path: Any, scaler: str | None, rank: int
+) -> GraphRecord:
+    """Check a sharded checkpoint's graph record with this rank's RNG states, and build it.
+
+    Rank ``rank`` takes the RNG states saved by the rank of the same number;
+    when the checkpoint was saved by fewer ranks, those of ``rank`` modulo
+    their number (a resume at another world size cannot repeat the
+    uninterrupted run's random draws anyway).
+
+    Args:
+        manifest: the verified manifest (``extra.graph`` and ``ranks``).
+        groups: the optimizer's param-group count.
+        path: the checkpoint, for messages.
+        scaler: the device type of the loading Graph's GradScaler, or None.
+        rank: this process's rank.
+
+    Returns:
+        The :class:`GraphRecord`.
+
+    Raises:
+        CheckpointError: not a Graph checkpoint, or a field naming what is wrong.
+    """
+    extra = manifest.get("extra")
+    ranks = manifest.get("ranks")
+    state = extra.get("graph") if isinstance(extra, Mapping) else None
+    if not isinstance(state, Mapping) or not isinstance(ranks, list) or not ranks:
+        raise CheckpointError(
+            f"{path}: not a Graph checkpoint (saved by optiplug.checkpoint.save_sharded, "
+            "not Graph.save?)"
+        )
+    saved = rank % len(ranks)
+    entry = ranks[saved]
+    where = f"{path}: the graph record's entry for rank {saved}"
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("torch_rng"), Mapping):
+        raise CheckpointError(f"{where} is missing or holds no torch RNG states")
+    tensors: dict[str, torch.Tensor] = {}
+    for key, text in entry["torch_rng"].items():
+        try:
+            data = bytes.fromhex(text) if isinstance(text, str) else None
+        except ValueError:
+            data = None
+        if data is None or not data:
+            raise CheckpointError(f"{where}: {key} is not a hex-encoded RNG state")
+        tensors[str(key)] = torch.tensor(list(data), dtype=torch.uint8)
+    merged = {**state, "python_rng": entry.get("python_rng"), "numpy_rng": entry.get("numpy_rng")}
+    return read_record({"graph": merged}, tensors, groups, path, scaler)

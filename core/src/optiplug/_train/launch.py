@@ -1,7 +1,9 @@
 """``--nproc N``: one run in N processes (``torch.distributed``, gloo on 127.0.0.1).
 
-Every process builds the same seeded Graph, which wraps the model in DDP and
-gives each process its shard of every global batch. A registry is a
+Every process builds the same seeded Graph, which wraps the model in DDP (or,
+with ``--parallel fsdp``, shards it with FSDP2; that runs here even for one
+process, since FSDP needs a process group) and gives each process its shard
+of every global batch. A registry is a
 process-local object and is not sent to the workers: each resolves names in
 its own process's registry (the launching process checked them already).
 """
@@ -14,6 +16,7 @@ import gc
 import pickle
 import socket
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +69,8 @@ def _free_port() -> int:
 def _worker(rank: int, config: TrainConfig, port: int, out: str, quiet: bool, threads: int) -> None:
     """One process of a ``--nproc`` run (the target of ``torch.multiprocessing.spawn``)."""
     torch.set_num_threads(threads)
+    # the loop never changes the model's output in place, so FSDP's warning about views is moot
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     torch.distributed.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -88,6 +93,7 @@ def launch(config: TrainConfig, *, quiet: bool = False, threads: int | None = No
     """Run ``config`` in ``config.nproc`` processes (gloo on 127.0.0.1, a free port).
 
     Every process builds the same seeded Graph, which wraps the model in DDP
+    (or shards it with FSDP2 under ``config.parallel == "fsdp"``)
     and gives each process its shard of every global batch
     (``batch_size / nproc`` windows); gradients are averaged, so the global
     batch and the learning rate are those of a one-process run. Rank 0 prints.

@@ -20,8 +20,16 @@ _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def fused_supported(params: Sequence[Tensor]) -> bool:
-    """Whether the fused implementation can run ``params`` (dense fp16/bf16/fp32/fp64)."""
-    return all(p.layout is torch.strided and p.dtype in _FLOATING for p in params)
+    """Whether the fused implementation can run ``params`` (dense fp16/bf16/fp32/fp64).
+
+    Not distributed DTensors (FSDP's sharded parameters): the compiled
+    kernel works on flat views of whole tensors, which a sharded tensor has
+    not; the loop and foreach implementations run them.
+    """
+    return all(
+        p.layout is torch.strided and p.dtype in _FLOATING and not hasattr(p, "to_local")
+        for p in params
+    )
 
 
 class Lion(KernelTableOptimizer):

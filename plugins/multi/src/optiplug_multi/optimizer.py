@@ -47,7 +47,10 @@ class MultiOptimizer(torch.optim.Optimizer):
     reach every sub-optimizer; ``step``/``zero_grad`` reach all; the state
     dict is torch-shaped (global parameter indices) with each group tagged by
     its ``route`` and ``algorithm``, and loading validates each route with
-    its own algorithm's rules.
+    its own algorithm's rules. FSDP2 ``DTensor`` parameters are routed like
+    any others, by their names and global shapes (``routing()`` reports
+    those); each route's algorithm steps them (``muon`` raises, naming the
+    parameter, for a placement it cannot orthogonalise).
 
     Args:
         params: ``(name, tensor)`` pairs (``model.named_parameters()``) or

@@ -33,7 +33,9 @@ class Route:
         algorithm: a registered algorithm name.
         match: a glob on the parameter name, ``"*"`` (everything left: the
             fallback), or a predicate ``(name, param) -> bool``. Ignored when
-            ``params`` is given.
+            ``params`` is given. A predicate gets the optimizer's tensor: for
+            an FSDP2 ``DTensor`` its ``.shape`` is the global shape, the same
+            on every rank.
         hparams: that algorithm's hyperparameters.
         params: an explicit list of parameter names or tensors, instead of ``match``.
         name: the route's name in state dicts and routing tables; defaults to

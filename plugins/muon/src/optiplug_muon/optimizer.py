@@ -25,6 +25,7 @@ from optiplug.errors import HyperparameterError
 
 from .config import AUX_KEYS, MUON_KEYS, MuonConfig, ns_dtype_name
 from .newton_schulz import (
+    Buffers,
     Workspace,
     allocate_buffers,
     check_method,
@@ -32,9 +33,28 @@ from .newton_schulz import (
     newton_schulz_,
     resolve_method,
 )
+from .report import StepReport, assign_owners, newton_schulz_cost, row_ranges
 from .routing import Decision, ModelInfo, ParameterRoute, Routing, decide, model_info
+from .sharded import (
+    UnsupportedPlacementError,
+    all_to_all,
+    describe_placement,
+    elementwise_problem,
+    is_distributed,
+    local,
+    muon_problem,
+    split_sizes,
+    whole_on_every_rank,
+)
 
-__all__ = ["Muon", "RoutingWarning", "adjust_lr_factor", "matrix_shape"]
+__all__ = [
+    "Muon",
+    "RoutingWarning",
+    "StepReport",
+    "UnsupportedPlacementError",
+    "adjust_lr_factor",
+    "matrix_shape",
+]
 
 _UNSET: Any = object()
 
@@ -44,7 +64,10 @@ class RoutingWarning(UserWarning):
 
 
 def matrix_shape(param: Tensor) -> tuple[int, int]:
-    """The 2-D shape Muon orthogonalises: (out, in * kh * kw...) for conv kernels."""
+    """The 2-D shape Muon orthogonalises: (out, in * kh * kw...) for conv kernels.
+
+    For a ``DTensor`` this is the global shape (``DTensor.shape``), not the local shard's.
+    """
     return param.shape[0], math.prod(param.shape[1:])
 
 
@@ -59,7 +82,10 @@ def adjust_lr_factor(param: Tensor, adjust_lr: str) -> float:
     Returns:
         The factor applied to the group's lr.
     """
-    rows, cols = matrix_shape(param)
+    return _adjust(*matrix_shape(param), adjust_lr)
+
+
+def _adjust(rows: int, cols: int, adjust_lr: str) -> float:
     if adjust_lr == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     return math.sqrt(max(1.0, rows / cols))
@@ -76,6 +102,18 @@ class _Job(NamedTuple):
     grad: Tensor
     buffer: Tensor
     group: dict[str, Any]
+    source: Tensor
+    """The optimizer's parameter (``param`` is its local part when it is a ``DTensor``)."""
+
+
+class _Sharded(NamedTuple):
+    """A Muon matrix split by rows across a mesh: this rank's part and the global shape."""
+
+    job: _Job
+    label: str
+    rows: int
+    cols: int
+    mesh: Any
 
 
 def _group_dict(
@@ -154,6 +192,14 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     one optimizer as separate param groups (``group["use_muon"]``), so LR
     schedulers and ``group["lr"]`` reach both; :meth:`routing` says who got what.
 
+    ``DTensor`` parameters (FSDP2's ``fully_shard``): a matrix placed
+    ``Shard(0)`` on a 1-D mesh is orthogonalised whole on one owner rank
+    (owners balance the Newton-Schulz work; all matrices travel in one
+    all-to-all there and one back per step); ``Replicate()`` matrices are
+    orthogonalised where they are; the AdamW half steps local shards. Any
+    other placement is an error, never a silent fallback;
+    :meth:`last_step_report` says what each step did on this rank.
+
     Args:
         params: tensors, param-group dicts or ``(name, tensor)`` pairs;
             names (or ``model=``) let embeddings and heads be recognised.
@@ -166,6 +212,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     Raises:
         HyperparameterError: an unknown keyword, a bad value, a non-matrix
             forced to Muon, or a parameter for AdamW while ``aux=None``.
+        UnsupportedPlacementError: a ``DTensor`` Muon matrix not placed
+            ``Shard(0)``/``Replicate()`` on a 1-D mesh, or an AdamW ``DTensor``
+            placed ``Partial`` (a ``HyperparameterError`` naming the parameter).
     """
 
     algorithm: ClassVar[str] = "muon"
@@ -177,6 +226,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         config: MuonConfig = validated_config(self.algorithm, MuonConfig, params, hparams)
         groups, self._labels = _route(params, config)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
+        self._last_report: StepReport | None = None
         for device_type in {tensor.device.type for tensor in parameter_tensors(params)}:
             default_ns_dtype(device_type)  # probed now, eagerly: a compiled step only reads it
         defaults = {key: getattr(config, key) for key in MUON_KEYS}
@@ -191,6 +241,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         super().__setstate__(state)
         self.__dict__.setdefault("_labels", [])
         self._workspaces = {}
+        self._last_report = None
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a param group for Muon or for the auxiliary AdamW.
@@ -205,6 +256,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         Raises:
             HyperparameterError: mixed matrices and non-matrices without
                 ``use_muon``, or a non-matrix in a Muon group.
+            UnsupportedPlacementError: a ``DTensor`` this group's algorithm
+                cannot step (see the class docstring).
         """
         if not isinstance(param_group["params"], Tensor):  # read twice: here and by torch
             param_group["params"] = list(param_group["params"])
@@ -216,6 +269,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             raise HyperparameterError(
                 "use_muon", True, "Muon param groups take matrices only", algorithm="muon"
             )
+        self._check_placements(param_group, use_muon)
         fill = (
             {key: self.defaults[key] for key in MUON_KEYS}
             if use_muon
@@ -228,6 +282,21 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         for key in set(param_group) - explicit:  # torch filled in the other algorithm's keys
             del param_group[key]
         self._label_added(param_group)
+
+    def _check_placements(self, param_group: Mapping[str, Any], use_muon: bool) -> None:
+        """Refuse ``DTensor`` parameters the group's algorithm cannot step (before adding them)."""
+        items = param_group["params"]
+        if isinstance(items, Tensor):
+            items = [items]
+        start = sum(len(group["params"]) for group in self.param_groups)
+        for offset, item in enumerate(items):
+            name, tensor = item if isinstance(item, tuple) else (None, item)
+            if not is_distributed(tensor):
+                continue
+            problem = muon_problem(tensor) if use_muon else elementwise_problem(tensor)
+            if problem is not None:
+                label = name or self._label(start + offset)[0]
+                raise UnsupportedPlacementError(_described(label, tensor), problem)
 
     def _label_added(self, group: dict[str, Any]) -> None:
         labels = getattr(self, "_labels", None)
@@ -254,6 +323,29 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         labels = getattr(self, "_labels", [])
         return labels[index] if index < len(labels) else (f"#{index}", "unknown")
 
+    def _names(self) -> dict[int, str]:
+        """``id(parameter) -> name`` (its routing label, ``#i`` when unnamed)."""
+        names: dict[int, str] = {}
+        for group in self.param_groups:
+            given = group.get("param_names") or [None] * len(group["params"])
+            for name, param in zip(given, group["params"], strict=True):
+                names[id(param)] = name or self._label(len(names))[0]
+        return names
+
+    def last_step_report(self) -> StepReport | None:
+        """What the last :meth:`step` did on this rank: who went through Newton-Schulz, and how.
+
+        Under FSDP2, summing the reports of all ranks
+        (``torch.distributed.all_gather_object``) lists every sharded Muon
+        matrix in exactly one rank's ``gathered``; a matrix that went
+        anywhere else would be missing. Not updated by a step run under
+        ``torch.compile``.
+
+        Returns:
+            A frozen :class:`~optiplug_muon.report.StepReport`, or None before the first step.
+        """
+        return self._last_report
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Perform one optimization step (Muon groups and AdamW groups).
@@ -261,25 +353,71 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         Args:
             closure: re-evaluates the model and returns the loss (optional).
 
+        ``DTensor`` parameters: see the class docstring; what the step did
+        on this rank is :meth:`last_step_report`.
+
         Returns:
             The closure's loss, or None.
+
+        Raises:
+            HyperparameterError: a Muon group's ``ns_method`` was edited to a bad value.
+            UnsupportedPlacementError: a ``DTensor`` parameter, its gradient or its
+                state is placed in a way it cannot be stepped (nothing is updated).
         """
         loss = closure_loss(closure)
         for group in self.param_groups:  # before anything is updated
             if group["use_muon"]:
                 check_method(group["ns_method"])
+        names = None if torch.compiler.is_compiling() else self._names()
+        self._check_distributed(names)
         jobs: list[_Job] = []
+        sharded: list[_Sharded] = []
+        elementwise: list[Tensor] = []
         for group in self.param_groups:
             if group["use_muon"]:
-                jobs += self._momentum(group)
+                self._momentum(group, names, jobs, sharded)
             else:
-                self._adamw(group)
+                elementwise += self._adamw(group, names)
         for bucket in _buckets(jobs):
             self._orthogonalize(bucket)
+        owned, collectives = self._orthogonalize_sharded(sharded) if sharded else ([], 0)
+        if names is not None:
+            self._last_report = _report(names, jobs, sharded, owned, elementwise, collectives)
         return loss
 
-    def _momentum(self, group: dict[str, Any]) -> list[_Job]:
-        jobs = []
+    def _check_distributed(self, names: dict[int, str] | None) -> None:
+        """Before anything is updated: every ``DTensor`` to step can be stepped as placed.
+
+        Raises:
+            UnsupportedPlacementError: a placement its half cannot step (a group
+                edited after construction), a gradient or state tensor placed
+                unlike its parameter, or a Muon shard that is not the
+                ``torch.chunk`` split of the rows.
+        """
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None or not is_distributed(param):
+                    continue
+                label = _described((names or self._names())[id(param)], param)
+                use_muon = group["use_muon"]
+                problem = muon_problem(param) if use_muon else elementwise_problem(param)
+                if problem is not None:
+                    raise UnsupportedPlacementError(label, problem)
+                _placed_like(param, param.grad, "gradient", label)
+                for slot, value in self.state.get(param, {}).items():
+                    if isinstance(value, Tensor) and (value.ndim > 0 or is_distributed(value)):
+                        _placed_like(param, value, slot, label)
+                if use_muon and not whole_on_every_rank(param):
+                    _check_rows(param, label)
+
+    def _momentum(
+        self,
+        group: dict[str, Any],
+        names: dict[int, str] | None,
+        jobs: list[_Job],
+        sharded: list[_Sharded],
+    ) -> None:
+        """Update the momentum of ``group``'s parameters; queue them for Newton-Schulz."""
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -290,42 +428,124 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                     param, memory_format=torch.preserve_format
                 )
             buffer = state["momentum_buffer"]
-            buffer.lerp_(param.grad, 1 - group["momentum"])
-            jobs.append(_Job(param, param.grad, buffer, group))
-        return jobs
+            if not is_distributed(param):
+                buffer.lerp_(param.grad, 1 - group["momentum"])
+                jobs.append(_Job(param, param.grad, buffer, group, param))
+                continue
+            label = _described((names or self._names())[id(param)], param)
+            grad = _placed_like(param, param.grad, "gradient", label)
+            buffer = _placed_like(param, buffer, "momentum_buffer", label)
+            buffer.lerp_(grad, 1 - group["momentum"])
+            job = _Job(local(param), grad, buffer, group, param)
+            if whole_on_every_rank(param):
+                jobs.append(job)
+            else:
+                rows, cols = matrix_shape(param)
+                mesh = param.device_mesh
+                sharded.append(_Sharded(job, label, rows, cols, mesh))
 
-    def _workspace(self, job: _Job) -> Workspace:
-        rows, cols = matrix_shape(job.param)
-        dtype = _ns_dtype(job.group, job.param.device)
-        key = (rows, cols, dtype, job.param.device)
+    def _buffers(
+        self, group: Mapping[str, Any], rows: int, cols: int, device: torch.device, count: int
+    ) -> tuple[Buffers, str]:
+        """Newton-Schulz buffers for ``count`` matrices of one shape, and the method to run."""
+        method = resolve_method(
+            group["ns_method"], rows, cols, group["ns_steps"], device.type, count
+        )
+        dtype = _ns_dtype(group, device)
+        if torch.compiler.is_compiling():
+            return allocate_buffers(rows, cols, count, method, dtype, device), method
+        key = (rows, cols, dtype, device)
         if key not in self._workspaces:
-            self._workspaces[key] = Workspace(rows, cols, dtype, job.param.device)
-        return self._workspaces[key]
+            self._workspaces[key] = Workspace(rows, cols, dtype, device)
+        return self._workspaces[key].take(count, method), method
 
     def _orthogonalize(self, jobs: list[_Job]) -> None:
         group, param = jobs[0].group, jobs[0].param
-        steps = group["ns_steps"]
         rows, cols = matrix_shape(param)
-        method = resolve_method(group["ns_method"], rows, cols, steps, param.device.type, len(jobs))
-        if torch.compiler.is_compiling():
-            dtype = _ns_dtype(group, param.device)
-            buffers = allocate_buffers(rows, cols, len(jobs), method, dtype, param.device)
-        else:
-            buffers = self._workspace(jobs[0]).take(len(jobs), method)
+        buffers, method = self._buffers(group, rows, cols, param.device, len(jobs))
         for row, job in zip(buffers.x, jobs, strict=True):
             _direction(row, job)
-        result = newton_schulz_(
-            buffers,
-            steps=steps,
-            coefficients=tuple(group["ns_coefficients"]),
-            eps=group["eps"],
-            method=method,
-        )
+        result = _newton_schulz(buffers, group, method)
+        scale = adjust_lr_factor(param, group["adjust_lr"])
         for update, job in zip(result, jobs, strict=True):
-            _apply(update, job)
+            _apply(update, job, scale)
 
-    def _adamw(self, group: dict[str, Any]) -> None:
-        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+    def _orthogonalize_sharded(self, sharded: list[_Sharded]) -> tuple[list[_Sharded], int]:
+        """Orthogonalise row-sharded matrices on their owners; (owned here, collectives made).
+
+        One exchange (an all-to-all there and one back) per process group and
+        Newton-Schulz dtype, in order of first appearance: every rank steps the
+        same parameters in the same order, so every rank makes the same calls.
+        """
+        exchanges: dict[tuple[int, torch.dtype], list[_Sharded]] = {}
+        for item in sharded:
+            dtype = _ns_dtype(item.job.group, item.job.param.device)
+            exchanges.setdefault((id(item.mesh.get_group()), dtype), []).append(item)
+        owned: list[_Sharded] = []
+        for (_, dtype), items in exchanges.items():
+            owned += self._exchange(items, dtype)
+        return owned, 2 * len(exchanges)
+
+    def _exchange(self, items: list[_Sharded], dtype: torch.dtype) -> list[_Sharded]:
+        """Gather ``items`` to their owners, orthogonalise the owned ones, scatter the rows back."""
+        mesh = items[0].mesh
+        group, rank, world = mesh.get_group(), mesh.get_local_rank(), mesh.size()
+        owners = assign_owners([newton_schulz_cost(i.rows, i.cols) for i in items], world)
+        ranges = [row_ranges(item.rows, world) for item in items]
+        cols = [item.cols for item in items]
+        send_sizes, receive_sizes = split_sizes(owners, ranges, cols, rank)
+        send = torch.empty(sum(send_sizes), dtype=dtype, device=items[0].job.param.device)
+        slots = [0] * len(items)  # where each item's rows sit in `send` (and come back)
+        offset = 0
+        for destination in range(world):
+            for index, item in enumerate(items):
+                if owners[index] == destination:
+                    start, end = ranges[index][rank]
+                    slots[index] = offset
+                    size = (end - start) * item.cols
+                    _direction(send[offset : offset + size].view(end - start, item.cols), item.job)
+                    offset += size
+        received = all_to_all(send, send_sizes, receive_sizes, group)
+        mine = [index for index, owner in enumerate(owners) if owner == rank]
+        pieces: dict[int, list[Tensor]] = {index: [] for index in mine}
+        offset = 0
+        for source in range(world):
+            for index in mine:
+                start, end = ranges[index][source]
+                size = (end - start) * cols[index]
+                pieces[index].append(
+                    received[offset : offset + size].view(end - start, cols[index])
+                )
+                offset += size
+        owned = [(items[index], pieces[index]) for index in mine]
+        for bucket in _owned_buckets(owned):
+            self._orthogonalize_owned(bucket)
+        back = all_to_all(received, receive_sizes, send_sizes, group)  # `send`'s layout
+        for index, item in enumerate(items):
+            start, end = ranges[index][rank]
+            size = (end - start) * item.cols
+            update = back[slots[index] : slots[index] + size].view(end - start, item.cols)
+            scale = _adjust(item.rows, item.cols, item.job.group["adjust_lr"])
+            _apply(update, item.job, scale)
+        return [items[index] for index in mine]
+
+    def _orthogonalize_owned(self, bucket: list[tuple[_Sharded, list[Tensor]]]) -> None:
+        """Newton-Schulz on whole matrices assembled from every rank's rows; results in place."""
+        first = bucket[0][0]
+        group, device = first.job.group, first.job.param.device
+        buffers, method = self._buffers(group, first.rows, first.cols, device, len(bucket))
+        for matrix, (_, parts) in zip(buffers.x, bucket, strict=True):
+            torch.cat(parts, out=matrix)
+        result = _newton_schulz(buffers, group, method)
+        for matrix, (_, parts) in zip(result, bucket, strict=True):
+            start = 0
+            for part in parts:  # the received rows become the rows sent back
+                part.copy_(matrix[start : start + part.shape[0]])
+                start += part.shape[0]
+
+    def _adamw(self, group: dict[str, Any], names: dict[int, str] | None) -> list[Tensor]:
+        """Step ``group`` with AdamW (a ``DTensor`` on its local part); the parameters stepped."""
+        params, grads, exp_avgs, exp_avg_sqs, steps, keys = [], [], [], [], [], []
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -335,13 +555,22 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                 state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
                 state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            params.append(param)
-            grads.append(param.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
+            tensors = [param.grad, state["exp_avg"], state["exp_avg_sq"]]
+            if is_distributed(param):
+                label = _described((names or self._names())[id(param)], param)
+                slots = ("gradient", "exp_avg", "exp_avg_sq")
+                tensors = [
+                    _placed_like(param, t, n, label) for t, n in zip(tensors, slots, strict=True)
+                ]
+            params.append(local(param))
+            grads.append(tensors[0])
+            exp_avgs.append(tensors[1])
+            exp_avg_sqs.append(tensors[2])
             steps.append(state["step"])
+            keys.append(param)
         if params:
-            _adamw_update(params, grads, exp_avgs, exp_avg_sqs, steps, group, self.state)
+            _adamw_update(params, grads, exp_avgs, exp_avg_sqs, steps, keys, group, self.state)
+        return keys
 
 
 def _route_row(
@@ -386,23 +615,129 @@ def _batched(group: Mapping[str, Any], device: torch.device) -> bool:
     return device.type != "cpu" if choice is None else choice
 
 
+def _bucket_key(
+    shape: tuple[int, int], device: torch.device, group: Mapping[str, Any], index: int
+) -> tuple[Any, ...]:
+    """Matrices with equal keys share one batched Newton-Schulz call."""
+    return (
+        shape,
+        device,
+        _ns_dtype(group, device),
+        group["ns_steps"],
+        tuple(group["ns_coefficients"]),
+        group["eps"],
+        group["ns_method"],
+        None if _batched(group, device) else index,
+    )
+
+
 def _buckets(jobs: list[_Job]) -> list[list[_Job]]:
     """Jobs that can share one batched Newton-Schulz call (same shape and settings)."""
     buckets: dict[tuple[Any, ...], list[_Job]] = {}
     for index, job in enumerate(jobs):
-        group = job.group
-        key = (
-            matrix_shape(job.param),
-            job.param.device,
-            _ns_dtype(group, job.param.device),
-            group["ns_steps"],
-            tuple(group["ns_coefficients"]),
-            group["eps"],
-            group["ns_method"],
-            None if _batched(group, job.param.device) else index,
-        )
+        key = _bucket_key(matrix_shape(job.param), job.param.device, job.group, index)
         buckets.setdefault(key, []).append(job)
     return list(buckets.values())
+
+
+_Owned = tuple[_Sharded, list[Tensor]]
+
+
+def _owned_buckets(owned: list[_Owned]) -> list[list[_Owned]]:
+    """Owned sharded matrices (with their received rows) that can share one Newton-Schulz call."""
+    buckets: dict[tuple[Any, ...], list[_Owned]] = {}
+    for index, entry in enumerate(owned):
+        item = entry[0]
+        key = _bucket_key((item.rows, item.cols), item.job.param.device, item.job.group, index)
+        buckets.setdefault(key, []).append(entry)
+    return list(buckets.values())
+
+
+def _newton_schulz(buffers: Buffers, group: Mapping[str, Any], method: str) -> Tensor:
+    return newton_schulz_(
+        buffers,
+        steps=group["ns_steps"],
+        coefficients=tuple(group["ns_coefficients"]),
+        eps=group["eps"],
+        method=method,
+    )
+
+
+def _described(label: str, param: Tensor) -> str:
+    """The parameter's name, or for an unnamed one ``#i (shape RxC)``."""
+    if not label.startswith("#"):
+        return label
+    return f"{label} (shape {'x'.join(str(size) for size in param.shape)})"
+
+
+def _placed_like(param: Tensor, tensor: Tensor, slot: str, label: str) -> Tensor:
+    """The local part of ``param``'s gradient or state ``tensor``, after checking it is
+    placed as ``param`` is (else its local part would not match the parameter's).
+
+    Raises:
+        UnsupportedPlacementError: naming the parameter and the slot.
+    """
+    same = (
+        is_distributed(tensor)
+        and tensor.placements == param.placements  # type: ignore[attr-defined]
+        and tensor.device_mesh == param.device_mesh  # type: ignore[attr-defined]
+        and tensor.shape == param.shape
+    )
+    if not same:
+        found = (
+            f"has {describe_placement(tensor)}" if is_distributed(tensor) else "is a plain tensor"
+        )
+        raise UnsupportedPlacementError(
+            label,
+            f"its {slot} (shape {tuple(tensor.shape)}) {found}, but the parameter has "
+            f"{describe_placement(param)}; they must be placed alike",
+        )
+    return local(tensor)
+
+
+def _check_rows(param: Any, label: str) -> None:
+    """The local shard of a ``Shard(0)`` parameter holds the rows ``torch.chunk`` gives this rank.
+
+    Raises:
+        UnsupportedPlacementError: another split (e.g. a custom ``Shard(0)`` layout).
+    """
+    mesh = param.device_mesh
+    start, end = row_ranges(param.shape[0], mesh.size())[mesh.get_local_rank()]
+    held = local(param).shape[0]
+    if held != end - start:
+        raise UnsupportedPlacementError(
+            label,
+            f"its local shard has {held} of {param.shape[0]} rows where the even "
+            f"(torch.chunk) split gives this rank {end - start}; Muon supports that split only",
+        )
+
+
+def _report(
+    names: Mapping[int, str],
+    jobs: Sequence[_Job],
+    sharded: Sequence[_Sharded],
+    owned: Sequence[_Sharded],
+    elementwise: Sequence[Tensor],
+    collectives: int,
+) -> StepReport:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if distributed else 0
+    world = torch.distributed.get_world_size() if distributed else 1
+    gathered = tuple(item.label for item in owned)
+    here = tuple(names[id(job.source)] for job in jobs)
+    cost = sum(newton_schulz_cost(*matrix_shape(job.param)) for job in jobs)
+    cost += sum(newton_schulz_cost(item.rows, item.cols) for item in owned)
+    return StepReport(
+        rank=rank,
+        world=world,
+        orthogonalized=here + gathered,
+        gathered=gathered,
+        replicated=tuple(names[id(job.source)] for job in jobs if is_distributed(job.source)),
+        sharded=tuple(item.label for item in sharded),
+        elementwise=tuple(names[id(param)] for param in elementwise),
+        ns_cost=cost,
+        collectives=collectives,
+    )
 
 
 def _direction(out: Tensor, job: _Job) -> None:
@@ -414,11 +749,10 @@ def _direction(out: Tensor, job: _Job) -> None:
         out.copy_(buffer)
 
 
-def _apply(update: Tensor, job: _Job) -> None:
-    """``p = p * (1 - lr * wd) - lr * adjust * update``."""
+def _apply(update: Tensor, job: _Job, scale: float) -> None:
+    """``p = p * (1 - lr * wd) - lr * scale * update`` (``scale``: the ``adjust_lr`` factor)."""
     param, group = job.param, job.group
     lr, weight_decay = group["lr"], group["weight_decay"]
-    scale = adjust_lr_factor(param, group["adjust_lr"])
     if weight_decay != 0:
         param.mul_(1 - lr * weight_decay)
     update = update.view(param.shape)
@@ -434,6 +768,7 @@ def _adamw_update(
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
     steps: list[Tensor],
+    keys: list[Tensor],
     group: Mapping[str, Any],
     state: Any,
 ) -> None:
@@ -441,13 +776,14 @@ def _adamw_update(
 
     Inside ``torch.compile`` always the loop: torch keeps its fused kernel out
     of graphs (``torch.compiler.disable``, a graph break), and the compiler
-    fuses the loop's ops itself.
+    fuses the loop's ops itself. ``params`` may be the local parts
+    of ``DTensor`` parameters; ``keys`` are the optimizer's parameters (the state's keys).
     """
     fused = fused_supported(params) and not torch.compiler.is_compiling()
     if fused:
-        for index, (param, step) in enumerate(zip(params, steps, strict=True)):
+        for index, (param, step, key) in enumerate(zip(params, steps, keys, strict=True)):
             if step.device != param.device:  # loaded from a CPU checkpoint
-                steps[index] = state[param]["step"] = step.to(param.device)
+                steps[index] = state[key]["step"] = step.to(param.device)
     beta1, beta2 = group["aux_betas"]
     torch_adam(
         params,

@@ -17,6 +17,7 @@ AdamW, as are all 1-D and scalar parameters. Rules, first match wins:
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -117,7 +118,7 @@ def _by_role(
         if (glob := _matches(short, config.aux_patterns)) is not None:
             return Decision(False, f"embedding/head by name: {short!r} matches {glob!r}")
     if param.ndim > 2:
-        flat = f"{param.shape[0]}x{param[0].numel()}"
+        flat = f"{param.shape[0]}x{math.prod(param.shape[1:])}"  # global shape for a DTensor
         return Decision(True, f"{param.ndim}-D weight, orthogonalised as {flat}")
     return Decision(True, "hidden matrix")
 
