@@ -14,8 +14,8 @@ import optiplug.cli
 from optiplug.errors import OptiplugError
 
 BUILTIN_COMMANDS = {
-    "commands": {"auto", "check", "list", "new-plugin", "schedule", "show"},
-    "train": {"train"},
+    "commands": {"auto", "bench", "check", "list", "new-plugin", "schedule", "show"},
+    "train": {"train", "tune"},
 }
 
 

@@ -39,7 +39,7 @@ from ._core.hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._core.implementations import torch_implementations
 from ._core.registry import ENTRY_POINT_GROUP, PluginWarning, Registry
 from ._core.routing import ParameterRoute, Routing
-from ._core.selection import CandidateReport, Selection
+from ._core.selection import CandidateReport, Selection, TuneReport, TuneTrial
 from ._core.specs import (
     Candidate,
     CommandSpec,
@@ -89,6 +89,8 @@ __all__ = [
     "Selection",
     "SelectionRequest",
     "StateSlot",
+    "TuneReport",
+    "TuneTrial",
     "__version__",
     "checkpoint",
     "create",
@@ -138,6 +140,8 @@ _compat.allow_in_weights_only_load(
         OptimizerFactory,
         Selection,
         CandidateReport,
+        TuneReport,
+        TuneTrial,
         Candidate,
         SelectionRequest,
         ProviderInfo,

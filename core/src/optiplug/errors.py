@@ -25,6 +25,7 @@ __all__ = [
     "PluginError",
     "PluginUnavailable",
     "StateDictError",
+    "TuneError",
     "UnknownOptimizerError",
     "UnknownScheduleError",
     "closest_name",
@@ -250,3 +251,7 @@ class CheckpointError(OptiplugError, ValueError):
 
 class GraphError(OptiplugError, RuntimeError):
     """A Graph method was used out of order (no optimizer, no loader, live epoch...)."""
+
+
+class TuneError(OptiplugError, ValueError):
+    """``AutoOptimizer.tune`` cannot measure: too few batches or steps, a bad loss, nothing tuned."""

@@ -8,14 +8,14 @@ plugin's ``optiplug_select_optimizer`` rule and ranks the candidates
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._core.registry import Registry, bound_registry
 from .._core.selection import Selection
-from .._core.specs import SelectionRequest
+from .._core.specs import Candidate, SelectionRequest
 from ..errors import ModelConfigError
 from .model_config import (
     config_mapping,
@@ -188,6 +188,72 @@ class AutoOptimizer:
             stage=_check_stage(stage),
         )
         return bound_registry(registry).select(request)
+
+    @classmethod
+    def tune(
+        cls,
+        model: torch.nn.Module,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        batches: Iterable[Any],
+        *,
+        candidates: Sequence[str | Candidate] | None = None,
+        budget_steps: int = 1500,
+        held_out: int | float = 0.2,
+        seed: int = 0,
+        task: str | None = None,
+        stage: str | None = None,
+        registry: Registry | None = None,
+    ) -> Selection:
+        """Choose the optimizer and its learning rate by measuring them on ``model``.
+
+        Each candidate gets an LR range test on a copy of ``model`` (its
+        learning rates growing exponentially from 1e-2 to 1e3 times the
+        recipe's), the lr the geometric mean of the steepest-descent lr and
+        the minimum's lr / 10 (the minimum: where the loss first comes
+        within 5% of it), then a short run at
+        that lr from the same initial weights; the lowest mean loss on the
+        held-out batches wins. ``model`` is never changed: its parameters,
+        buffers, gradients and every RNG state are as before. Under
+        ``torch.distributed`` rank 0 measures and every rank gets its result.
+
+        Args:
+            model: the model to tune for (copied, never stepped).
+            loss_fn: ``loss_fn(model, batch)`` returning a scalar loss tensor.
+            batches: the batches (materialised); the last ``held_out`` are held out.
+            candidates: algorithm names (or :class:`~optiplug.Candidate`
+                recipes); None takes the three installed algorithms the rules
+                rank highest for this model, task and stage.
+            budget_steps: optimizer steps for the whole tune, shared equally
+                by the candidates (40% range test, 60% short run each).
+            held_out: held-out batches (an int >= 1) or their fraction (a float).
+            seed: the seed every trial starts from; the same seed gives the
+                same result.
+            task: the task, for the rules' recipes.
+            stage: ``"pretraining"`` or ``"finetuning"``, for the rules' recipes.
+            registry: where to look; the default registry when None.
+
+        Returns:
+            A :class:`Selection` of the winner at its tuned lr; ``explain()``
+            shows every trial and ``plot(path)`` draws the range tests.
+
+        Raises:
+            TuneError: too few batches, too small a budget, a loss that is not
+                a scalar tensor, a bad candidate list, or every candidate diverged.
+        """
+        from .tune import run_tune  # deferred: imports torch
+
+        rules = cls.for_model(model, task, stage=stage, registry=registry)
+        return run_tune(
+            model,
+            loss_fn,
+            batches,
+            rules,
+            candidates,
+            budget_steps=budget_steps,
+            held_out=held_out,
+            seed=seed,
+            registry=bound_registry(registry),
+        )
 
     @staticmethod
     def with_schedule(selection: Selection, schedule: Any) -> Selection:

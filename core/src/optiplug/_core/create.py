@@ -234,6 +234,8 @@ def create_optimizer(
         UnknownOptimizerError: ``name`` is not registered.
         HyperparameterError: a bad keyword or value, or an ``impl`` that does
             not exist or cannot run ``params``.
+        OptimizerUnavailableError: the forced ``impl`` cannot run on this
+            machine (its availability check's reason is in the message).
         ImplementationError: the forced ``impl`` failed to build (chained).
     """
     spec = registry.spec(name, provider=provider)
@@ -388,7 +390,11 @@ class OptimizerFactory:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        for field in attrs.fields(type(self)):  # a field added since the pickle: its default
+            if field.name not in state and field.default is not attrs.NOTHING:
+                default = field.default
+                if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                    default = default.factory()
+                object.__setattr__(self, field.name, default)
         for name, value in state.items():
             object.__setattr__(self, name, value)
-        if "registry" not in state:  # pickled before factories carried their registry
-            object.__setattr__(self, "registry", None)

@@ -10,12 +10,14 @@ by installation order). The result is a :class:`Selection`, which is an
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._text import format_table
-from ..errors import OptiplugError
+from ..errors import OptiplugError, TuneError
 from .binding import provided_default
 from .create import OptimizerFactory
 from .specs import Candidate, SelectionRequest
@@ -23,7 +25,14 @@ from .specs import Candidate, SelectionRequest
 if TYPE_CHECKING:
     from .protocols import CandidateSource
 
-__all__ = ["CandidateReport", "Selection", "explain_selection", "select"]
+__all__ = [
+    "CandidateReport",
+    "Selection",
+    "TuneReport",
+    "TuneTrial",
+    "explain_selection",
+    "select",
+]
 
 
 @attrs.frozen
@@ -41,6 +50,94 @@ class CandidateReport:
     note: str = ""
 
 
+def _points(value: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    return tuple((float(lr), float(loss)) for lr, loss in value)
+
+
+def _trials(value: Iterable[TuneTrial]) -> tuple[TuneTrial, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class TuneTrial:
+    """One candidate as ``AutoOptimizer.tune`` measured it.
+
+    Attributes:
+        algorithm: the candidate's algorithm.
+        hparams: the hyperparameters it ran with, learning rates tuned.
+        lr: the learning rate chosen for it (its ``lr`` hyperparameter).
+        lr_at_min: the lr where the range test's loss first came within 5%
+            (of its whole drop) of its minimum, or None when the first point
+            already diverged.
+        lr_steepest: the lr where the range test's loss fell fastest (per
+            unit of log lr) before its minimum, or None when too few points
+            precede the minimum.
+        range_test: ``(lr, smoothed training loss)`` per range-test step.
+        held_out_loss: mean loss on the held-out batches after the short run
+            (``inf`` when it diverged).
+        steps: optimizer steps it used (range test plus short runs).
+        note: what went wrong, if anything (``"diverged at step 12"``).
+        short_runs: ``(lr, held-out loss)`` of each short run; ``lr`` is the best.
+    """
+
+    algorithm: str
+    hparams: dict[str, Any] = attrs.field(converter=dict)
+    lr: float
+    lr_at_min: float | None
+    lr_steepest: float | None
+    range_test: tuple[tuple[float, float], ...] = attrs.field(converter=_points)
+    held_out_loss: float
+    steps: int
+    note: str = ""
+    short_runs: tuple[tuple[float, float], ...] = attrs.field(default=(), converter=_points)
+
+
+@attrs.frozen
+class TuneReport:
+    """What ``AutoOptimizer.tune`` measured: every trial, and how the lr was picked.
+
+    Attributes:
+        trials: one per candidate, best held-out loss first.
+        lr_rule: how each candidate's lr was picked from its range test.
+        budget_steps: the optimizer-step budget the whole tune had.
+        seed: the seed every trial started from.
+        held_out_batches: how many batches the held-out loss averages.
+    """
+
+    trials: tuple[TuneTrial, ...] = attrs.field(converter=_trials)
+    lr_rule: str
+    budget_steps: int
+    seed: int
+    held_out_batches: int
+
+    def table(self) -> str:
+        """The trials as an aligned table: algorithm, lr, range test's minimum, held-out loss."""
+        rows = [
+            [
+                t.algorithm,
+                f"{t.lr:.3g}",
+                "-" if t.lr_steepest is None else f"{t.lr_steepest:.3g}",
+                "-" if t.lr_at_min is None else f"{t.lr_at_min:.3g}",
+                " ".join(f"{lr:.3g}:{loss:.4f}" for lr, loss in t.short_runs) or "-",
+                f"{t.held_out_loss:.4f}",
+                t.steps,
+                t.note or "-",
+            ]
+            for t in self.trials
+        ]
+        header = [
+            "algorithm",
+            "lr",
+            "steepest lr",
+            "minimum lr",
+            "short runs (lr:held-out)",
+            "held-out loss",
+            "steps",
+            "note",
+        ]
+        return format_table(header, rows)
+
+
 @attrs.frozen
 class Selection(OptimizerFactory):
     """What ``AutoOptimizer`` chose: call it with parameters to build the optimizer.
@@ -50,12 +147,14 @@ class Selection(OptimizerFactory):
         reason: why the winner won.
         candidates: every candidate considered, best first.
         request: what the rules were asked.
+        tuning: what ``AutoOptimizer.tune`` measured, or None for a rule's choice.
     """
 
     schedule: Any = None
     reason: str = ""
     candidates: tuple[CandidateReport, ...] = ()
     request: SelectionRequest = attrs.field(factory=SelectionRequest)
+    tuning: TuneReport | None = None
 
     # attrs writes pickling methods for each slotted class; keep the factory's,
     # which leave the registry out and accept pickles made before it existed.
@@ -68,8 +167,28 @@ class Selection(OptimizerFactory):
         return self.name
 
     def explain(self) -> str:
-        """Every candidate, its score, its rule and its plugin, as text."""
+        """Every candidate, its score, its rule and its plugin, as text (and the tune's table)."""
         return explain_selection(self)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Plot each tuned candidate's range test (loss vs lr) to the image file ``path``.
+
+        Needs ``matplotlib``. Each curve is marked at the lr chosen for it;
+        the legend gives that lr and the held-out loss.
+
+        Args:
+            path: where to write the image (its suffix picks the format).
+
+        Raises:
+            TuneError: the selection was not made by ``AutoOptimizer.tune``.
+            ImportError: matplotlib is not installed.
+        """
+        if self.tuning is None:
+            raise TuneError(
+                f"selection of {self.name!r} has no tuning to plot: it was chosen by rules; "
+                "AutoOptimizer.tune(...) measures candidates"
+            )
+        plot_tuning(self.tuning, path)
 
 
 def _rank_key(candidate: Candidate) -> tuple[float, str, str, str]:
@@ -167,4 +286,38 @@ def explain_selection(selection: Selection) -> str:
     lines.append(f"        because: {selection.reason}")
     if selection.schedule is not None:
         lines.append(f"schedule: {selection.schedule!r}")
-    return "\n".join([*lines, "", table])
+    lines += ["", table]
+    if selection.tuning is not None:
+        tuning = selection.tuning
+        lines += [
+            "",
+            f"tuned (seed {tuning.seed}, budget {tuning.budget_steps} steps, "
+            f"held-out loss over {tuning.held_out_batches} batches; lr = {tuning.lr_rule}):",
+            tuning.table(),
+        ]
+    return "\n".join(lines)
+
+
+def plot_tuning(tuning: TuneReport, path: str | os.PathLike[str]) -> None:
+    """Draw the range tests of ``tuning`` (log lr on x, smoothed loss on y) into ``path``."""
+    from matplotlib.figure import Figure  # deferred: optional dependency
+
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
+    for trial in tuning.trials:
+        lrs = [lr for lr, _ in trial.range_test]
+        losses = [loss for _, loss in trial.range_test]
+        label = f"{trial.algorithm}: lr {trial.lr:.3g}, held-out {trial.held_out_loss:.3f}"
+        (line,) = axes.plot(lrs, losses, linewidth=1.4, label=label)
+        axes.axvline(trial.lr, color=line.get_color(), linestyle="--", linewidth=0.8)
+        for lr, _ in trial.short_runs:
+            axes.axvline(lr, color=line.get_color(), linestyle=":", linewidth=0.6)
+    axes.set_xscale("log")
+    axes.set_xlabel("learning rate (range test, increasing exponentially)")
+    axes.set_ylabel("training loss (smoothed)")
+    axes.set_title(
+        "AutoOptimizer.tune: dotted = lrs of the short runs, dashed = chosen", fontsize=9
+    )
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=120)

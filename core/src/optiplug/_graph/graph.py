@@ -13,7 +13,8 @@ A Graph wraps an ``nn.Module`` for training::
 
 ``step()`` sets each group's lr to ``base * schedule(training_step) * lr_scale``,
 clips the gradients' global norm (``set_grad_clip``), steps the optimizer, zeros the gradients and increments ``training_step``.
-Under ``torch.distributed`` the module is wrapped in DDP and the loader is
+Under ``torch.distributed`` the module is wrapped in DDP (or, with
+``parallel="fsdp"``, sharded with FSDP2's ``fully_shard``) and the loader is
 sharded with a ``DistributedSampler``.
 """
 
@@ -25,11 +26,13 @@ import itertools
 import math
 import os
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
@@ -37,10 +40,16 @@ from torch.utils.data.distributed import DistributedSampler
 from .. import checkpoint
 from .._api import factory as make_factory
 from .._api import schedule as build_schedule
+from .._auto.selection import AutoOptimizer
+from .._auto.tune import preserved_rng
 from .._checkpoint.format import read_checkpoint
+from .._checkpoint.sharded import is_sharded, load_sharded, save_sharded, uses_dtensors
 from .._core import autotune as _autotune
 from .._core import ranks as _ranks
+from .._core.selection import Selection
+from .._core.specs import Candidate
 from .._schedules.base import Schedule
+from .._state.memory import memory_report
 from ..checkpoint import extra_tensors, load_stored
 from ..errors import CheckpointError, GraphError, HyperparameterError
 from .finite import (
@@ -53,7 +62,22 @@ from .finite import (
     state_items,
     state_values,
 )
-from .record import GraphRecord, numpy_rng_state, read_record, torch_rng_states
+from .fsdp import (
+    DEFAULT_FSDP_MIN_PARAMS,
+    check_fsdp_min_params,
+    check_parallel,
+    discard_unsynced_gradients,
+    set_gradient_sync,
+    shard_module,
+)
+from .record import (
+    GraphRecord,
+    numpy_rng_state,
+    rank_record,
+    read_rank_record,
+    read_record,
+    torch_rng_states,
+)
 
 __all__ = ["DataBinding", "Graph"]
 
@@ -111,8 +135,22 @@ class Graph:
         accumulate: micro-batches per optimizer step (gradient accumulation).
         precision: ``None``, ``"bf16"`` or ``"fp16"`` autocast for ``forward_batch``;
             fp16 also uses a ``GradScaler`` (a step skipped for inf/NaN gradients
-            advances neither the schedule nor ``training_step``).
+            advances neither the schedule nor ``training_step``). Under
+            ``parallel="fsdp"`` it is FSDP2's ``MixedPrecisionPolicy``
+            (compute in that dtype, reduce gradients in float32) instead of
+            autocast, and fp16's scaler is FSDP's ``ShardedGradScaler``.
         seed: seeds the per-epoch shuffling of a shuffling loader.
+        parallel: under ``torch.distributed``, ``"ddp"`` (the default:
+            every rank holds the whole module, gradients are all-reduced; no
+            process group: one process, no wrapper) or ``"fsdp"``
+            (``fully_shard``: each rank holds a shard of every parameter,
+            gradient and optimizer state; needs an initialised process group,
+            world size 1 included).
+        fsdp_min_params: with ``"fsdp"``, the parameters a submodule must
+            hold to become its own unit (the largest such submodules are
+            taken, looking inside ``ModuleList``/``ModuleDict``/``Sequential``
+            containers, so each transformer block is one); the root unit
+            takes the rest. Default 100,000.
 
     A non-finite loss or gradient stops the run with a :class:`GraphError`
     before anything is applied (see :meth:`set_nonfinite_policy` to skip such
@@ -120,7 +158,9 @@ class Graph:
     optimizer state non-finite; :meth:`save` refuses a non-finite state.
 
     Raises:
-        HyperparameterError: a bad ``accumulate`` or ``precision``.
+        HyperparameterError: a bad ``accumulate``, ``precision``, ``parallel``
+            or ``fsdp_min_params``.
+        GraphError: ``parallel="fsdp"`` without an initialised process group.
     """
 
     def __init__(
@@ -131,6 +171,8 @@ class Graph:
         accumulate: int = 1,
         precision: str | None = None,
         seed: int = 0,
+        parallel: str = "ddp",
+        fsdp_min_params: int = DEFAULT_FSDP_MIN_PARAMS,
     ) -> None:
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
             raise HyperparameterError(
@@ -140,16 +182,18 @@ class Graph:
             raise HyperparameterError(
                 "precision", precision, "must be None, 'bf16' or 'fp16'", algorithm="Graph"
             )
+        self._parallel = check_parallel(parallel)
+        self._fsdp_min_params = check_fsdp_min_params(fsdp_min_params)
         first = next(module.parameters(), None)
         self.device = (
             torch.device(device)
             if device is not None
             else (first.device if first is not None else torch.device("cpu"))
         )
+        self.precision = precision
         self.module = module.to(self.device)
         self.model = self._wrap(self.module)
         self.accumulate = accumulate
-        self.precision = precision
         self.seed = seed
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: Schedule | None = None
@@ -160,7 +204,7 @@ class Graph:
         self._binding: DataBinding | None = None
         self._live_epochs = 0
         self._position = (0, 0)  # (epoch, batches consumed in it)
-        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        self.scaler = self._grad_scaler() if precision == "fp16" else None
         self._nonfinite = "stop"
         self._max_consecutive_skips = 16
         self._skip_pending = False  # a non-finite loss in this accumulation (policy "skip")
@@ -170,10 +214,41 @@ class Graph:
         self._last_grad_norm: float | None = None
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        if self._parallel == "fsdp":  # sharded in place: the module is its own wrapper
+            return shard_module(
+                module, self.device, self._fsdp_min_params, _PRECISIONS[self.precision]
+            )
         if not _ranks.active():
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=ids)
+
+    def _grad_scaler(self) -> torch.amp.GradScaler:
+        """fp16's loss scaler; under FSDP the sharded one, whose inf check spans every rank."""
+        if self._parallel == "fsdp":
+            return ShardedGradScaler(self.device.type)
+        return torch.amp.GradScaler(self.device.type)
+
+    @property
+    def parallel(self) -> str:
+        """``"ddp"`` or ``"fsdp"``: how the module trains under ``torch.distributed``."""
+        return self._parallel
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state held by this process (its shard's, under FSDP).
+
+        Measured as :func:`optiplug.memory` measures it (every tensor's
+        storage once); a ``DTensor`` state tensor counts its local shard only,
+        so under ``parallel="fsdp"`` with N ranks each rank holds about 1/N of
+        what a DDP rank holds.
+
+        Returns:
+            The bytes of every state tensor and tensor hyperparameter.
+
+        Raises:
+            GraphError: no optimizer set.
+        """
+        return memory_report(self._require_optimizer("optimizer_state_bytes")).total
 
     @property
     def rank(self) -> int:
@@ -225,6 +300,75 @@ class Graph:
             self.schedule = selected_schedule
         self._apply_lr()
         return self.optimizer
+
+    def tune_optimizer(
+        self,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        batches: Iterable[Any] | None = None,
+        *,
+        candidates: Sequence[str | Candidate] | None = None,
+        budget_steps: int = 1500,
+        held_out: int | float = 0.2,
+        max_batches: int = 64,
+        seed: int | None = None,
+        task: str | None = None,
+        stage: str | None = None,
+    ) -> Selection:
+        """Measure optimizers on this Graph's module (``AutoOptimizer.tune``) and use the best.
+
+        The module is not changed by the measuring (copies are trained); the
+        winner at its tuned lr becomes the Graph's optimizer, as
+        :meth:`set_optimizer` would make it. Under ``torch.distributed``
+        rank 0 measures and every rank gets the same choice.
+
+        Args:
+            loss_fn: ``loss_fn(module, batch)`` returning a scalar loss tensor.
+            batches: the batches to measure on; None takes the first
+                ``max_batches`` of the bound data loader (moved to the
+                Graph's device; the loader's random state is left as it was).
+            candidates: algorithm names; None lets the rules propose.
+            budget_steps: optimizer steps for the whole tune.
+            held_out: held-out batches (an int) or their fraction (a float).
+            max_batches: how many loader batches to take when ``batches`` is None.
+            seed: the tune's seed; None uses the Graph's.
+            task: the task, for the rules' recipes.
+            stage: ``"pretraining"`` or ``"finetuning"``, for the rules' recipes.
+
+        Returns:
+            The :class:`~optiplug.Selection` now in use (``explain()``, ``plot()``).
+
+        Raises:
+            GraphError: ``batches`` is None and no data loader is bound, or
+                the module is sharded (``parallel="fsdp"``).
+            TuneError: too few batches, too small a budget, a bad loss, or
+                every candidate diverged.
+        """
+        if self.parallel == "fsdp":
+            raise GraphError(
+                "tune_optimizer trains whole copies of the module, and this Graph's is sharded "
+                "(parallel='fsdp'): tune the unsharded model with AutoOptimizer.tune(...) "
+                "before building the Graph, then pass the selection to set_optimizer"
+            )
+        if batches is None:
+            binding = self._require_binding("tune_optimizer")
+            with preserved_rng():
+                batches = [
+                    self._to_device(batch)
+                    for batch in itertools.islice(binding.loader, max_batches)
+                ]
+        selection = AutoOptimizer.tune(
+            self.module,
+            loss_fn,
+            batches,
+            candidates=candidates,
+            budget_steps=budget_steps,
+            held_out=held_out,
+            seed=self.seed if seed is None else seed,
+            task=task,
+            stage=stage,
+        )
+        self.set_optimizer(selection)
+        return selection
 
     def _ranks_agree(self) -> contextlib.AbstractContextManager[Any]:
         """Under DDP, every rank picks the same measured implementation (see _autotune)."""
@@ -313,9 +457,13 @@ class Graph:
 
     # ------------------------------------------------------------- stepping
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The autocast context for the chosen precision (a no-op without one)."""
+        """The autocast context for the chosen precision (a no-op without one, and under FSDP).
+
+        Under ``parallel="fsdp"`` the precision is FSDP2's mixed-precision
+        policy, applied by the sharded module itself.
+        """
         dtype = _PRECISIONS[self.precision]
-        if dtype is None:
+        if dtype is None or self._parallel == "fsdp":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
 
@@ -400,6 +548,8 @@ class Graph:
         """Forget this accumulation: zero the gradients, rewind the micro-step counter."""
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
+        if self._parallel == "fsdp":  # and those FSDP kept unsharded, unsynchronised
+            discard_unsynced_gradients(self.module)
         self._micro_step -= self._micro_step % self.accumulate
         self._skip_pending = False
 
@@ -440,15 +590,17 @@ class Graph:
         """Whether to skip for a non-finite gradient; raises under ``"stop"``.
 
         With fp16 the GradScaler makes that decision itself. Gradients are
-        all-reduced under DDP, so every rank decides the same.
+        all-reduced under DDP, so every rank decides the same; under FSDP each
+        rank checks its shard and one all-reduce of the answer makes every
+        rank decide alike.
         """
         if self.scaler is not None:
             return False
-        if all_finite(gradient_values(self.module)):
+        if self._all_ranks_finite(gradient_values(self.module)):
             return False
-        name = first_nonfinite(gradients(self.module))
-        if name is None or self._nonfinite == "skip":
-            return name is not None
+        name = first_nonfinite(gradients(self.module)) or "a gradient shard of another rank"
+        if self._nonfinite == "skip":
+            return True
         self._micro_step -= self.accumulate
         self._drop_accumulation()
         raise GraphError(
@@ -459,6 +611,8 @@ class Graph:
 
     def _skip(self, optimizer: torch.optim.Optimizer) -> bool:
         optimizer.zero_grad(set_to_none=True)
+        if self._parallel == "fsdp":
+            discard_unsynced_gradients(self.module)
         self._skip_pending = False
         self._skipped += 1
         self._consecutive_skips += 1
@@ -471,12 +625,32 @@ class Graph:
         return False
 
     def _nonfinite_state(self, optimizer: torch.optim.Optimizer) -> str | None:
-        """The first parameter or optimizer state slot holding NaN or inf, or None."""
-        if all_finite(state_values(self.module, optimizer)):
+        """The first parameter or optimizer state slot holding NaN or inf, or None.
+
+        Under FSDP every rank must call it (the answer is agreed by one
+        all-reduce): a rank whose own shards are finite names another rank's.
+        """
+        if self._all_ranks_finite(state_values(self.module, optimizer)):
             return None
-        return first_nonfinite(
+        found = first_nonfinite(
             itertools.chain(parameters(self.module), state_items(self.module, optimizer))
         )
+        return found or "a parameter or state shard of another rank"
+
+    def _all_ranks_finite(self, values: list[Any]) -> bool:
+        """:func:`all_finite` of this rank's values (DTensors: their local shards), agreed.
+
+        Under FSDP the shards differ between ranks, so one MAX all-reduce of
+        "something is not finite here" gives every rank the same answer;
+        under DDP (or one process) the values are identical everywhere and
+        nothing is communicated.
+        """
+        finite = all_finite(values)
+        if self._parallel != "fsdp":
+            return finite
+        flag = torch.tensor([0 if finite else 1], dtype=torch.int32, device=_collective_device())
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return not bool(flag.item())
 
     def _stop_if_state_nonfinite(self, optimizer: torch.optim.Optimizer) -> None:
         found = self._nonfinite_state(optimizer)
@@ -558,6 +732,8 @@ class Graph:
         max_norm, norm_type = self._clip
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite=False)
+        if isinstance(norm, DTensor):  # FSDP: reduced over the shards, replicated on every rank
+            norm = norm.full_tensor()
         self._last_grad_norm = float(norm)
         if math.isfinite(max_norm):
             torch.nn.utils.clip_grads_with_norm_(self.parameters(), max_norm, norm)
@@ -687,8 +863,15 @@ class Graph:
         DDP decides in the forward pass whether the backward all-reduces, so
         the forward of a non-final micro-batch runs without synchronisation
         and its gradients accumulate locally; the last one syncs them all.
+        Under FSDP the same is ``set_requires_gradient_sync(False)`` on the
+        sharded module before the backward of a non-final micro-batch (its
+        gradients accumulate unsharded) and True before the last one, whose
+        backward reduce-scatters the sum once.
         """
         last = (self._micro_step + 1) % self.accumulate == 0
+        if self._parallel == "fsdp":  # FSDP2 decides in the backward, from this flag
+            set_gradient_sync(self.model, last)
+            return contextlib.nullcontext()
         no_sync = getattr(self.model, "no_sync", None)
         if last or no_sync is None:
             return contextlib.nullcontext()
@@ -714,19 +897,35 @@ class Graph:
         states). Under ``torch.distributed`` only rank 0 writes; every rank
         waits until it has.
 
+        When the module's parameters are ``DTensor``s (FSDP2's ``fully_shard``)
+        the checkpoint is sharded instead (:func:`optiplug.checkpoint.save_sharded`):
+        every rank writes its shards of the module and optimizer state, and
+        the manifest keeps this graph's record (counters, schedule, lrs, data
+        position, GradScaler) and every rank's own RNG states.
+
         Raises:
             GraphError: no optimizer set, or a parameter or the optimizer state
-                holds NaN or inf (nothing is written: a checkpoint already at
-                ``path`` is untouched).
-            CheckpointError: ``path`` holds something other than a checkpoint.
+                holds NaN or inf (on any rank, under FSDP; nothing is written:
+                a checkpoint already at ``path`` is untouched).
+            CheckpointError: ``path`` holds something other than a checkpoint
+                (or, sharded, a rank failed or stopped answering).
         """
         optimizer = self._require_optimizer("save")
-        found = self._nonfinite_state(optimizer)  # every rank: their states are identical
+        sharded = uses_dtensors(self.module)
+        found = self._nonfinite_state(optimizer)  # DDP: every rank's state is identical
+        if sharded and _ranks.active():  # FSDP: each rank checked its shards; agree
+            everyone: list[str | None] = [None] * self.world_size
+            torch.distributed.all_gather_object(everyone, found)
+            found = next((name for name in everyone if name is not None), None)
         if found is not None:
             raise GraphError(
                 f"Graph.save: refusing to save a non-finite state ({found} holds NaN or inf); "
                 f"nothing was written, {os.fspath(path)} is untouched"
             )
+        if sharded:
+            extra = {"graph": self._state()}
+            save_sharded(path, self.module, optimizer, extra=extra, per_rank=rank_record())
+            return
         if self.rank == 0:
             tensors = {f"model/{k}": v for k, v in self.module.state_dict().items()}
             tensors.update(torch_rng_states())
@@ -759,13 +958,34 @@ class Graph:
         (same algorithm, same parameters). On any error the module, optimizer,
         schedule, counters and RNG states are left exactly as they were.
 
+        A sharded checkpoint (saved by an FSDP Graph) is loaded with
+        :func:`optiplug.checkpoint.load_sharded` (call it on every rank): the
+        graph record is checked on every rank with the files, before the
+        module and optimizer are touched, and every rank's problems are
+        reported on every rank. The world size may differ from the save's
+        (DCP reshards; a plain module in one process loads it too); each rank
+        restores the RNG states of the saving rank of its number (modulo
+        their count).
+
         Raises:
             GraphError: no optimizer set.
             CheckpointError: damaged files, a malformed graph record or RNG
                 state, or model tensors that do not fit the module.
-            StateDictError: optimizer state that does not fit the optimizer.
+            StateDictError: optimizer state that does not fit the optimizer
+                (sharded: also model state that does not fit the module).
         """
         optimizer = self._require_optimizer("load")
+        if is_sharded(path):
+            groups = len(optimizer.param_groups)
+            device = self.device.type if self.scaler is not None else None
+            records: list[GraphRecord] = []
+
+            def check(manifest: Mapping[str, Any]) -> None:
+                records.append(read_rank_record(manifest, groups, path, device, self.rank))
+
+            load_sharded(path, self.module, optimizer, check=check)
+            self._restore(records[-1])
+            return
         stored = read_checkpoint(Path(path))
         tensors = extra_tensors(stored)
         extra = stored.metadata.get("extra", {})

@@ -14,19 +14,24 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from typing import Any
+
+import attrs
 
 from .._core.registry import Registry
+from .._graph.fsdp import DEFAULT_FSDP_MIN_PARAMS
 from ..errors import OptiplugError
-from .compare import availability, compare, parse_compare
+from .compare import availability, compare, parse_compare, unavailable
 from .config import TrainConfig
 from .cpus import ThreadChoice, choose_threads
-from .data import load_corpus
+from .data import Corpus, load_corpus
 from .launch import launch, torch_threads
 from .loop import check_run, train
 from .options import DEFAULT_PLOT, config_from_args
 from .preflight import preflight
 from .report import compare_table, header, plot_losses, report
 from .results import TrainResult
+from .tune import tune_job, tune_lrs
 
 __all__ = ["run"]
 
@@ -36,13 +41,78 @@ _MATPLOTLIB_MISSING = (
 )
 
 
+_SHARDING = (
+    "sharding: FSDP2 (fully_shard) over {nproc} process(es): each transformer block of at least "
+    f"{DEFAULT_FSDP_MIN_PARAMS:,} parameters is its own unit, the root holds the rest; each "
+    "process keeps its shard of the parameters, gradients and optimizer state"
+)
+
+
 def _check_combinations(args: argparse.Namespace, config: TrainConfig) -> None:
     if args.compare and (config.save or config.resume or config.nproc > 1):
         raise OptiplugError("--compare runs in one process and cannot --save, --resume or --nproc")
+    if args.compare and config.parallel == "fsdp":
+        raise OptiplugError(
+            "--compare runs in one process without torch.distributed: drop --parallel fsdp"
+        )
     if args.compare and args.optimizer:
         raise OptiplugError("--compare names the optimizers; drop --optimizer")
     if args.plot and not args.compare:
         raise OptiplugError("--plot goes with --compare")
+    _check_tune_options(args)
+
+
+def _check_tune_options(args: argparse.Namespace) -> None:
+    if args.tune and args.compare:
+        raise OptiplugError("--tune trains one optimizer; with --compare use --tune-lr")
+    if args.tune and args.lr is not None:
+        raise OptiplugError(f"--tune chooses the lr; drop --lr {args.lr:g}")
+    if args.tune and args.resume:
+        raise OptiplugError("--resume continues with the saved optimizer; drop --tune")
+    if args.tune_lr and not args.compare:
+        raise OptiplugError("--tune-lr goes with --compare (one optimizer: --tune)")
+    if (args.tune or args.tune_lr) and args.tune_budget < 1:
+        raise OptiplugError(f"--tune-budget {args.tune_budget}: expected a positive step count")
+
+
+def _tuned_config(
+    args: argparse.Namespace, config: TrainConfig, corpus: Corpus, registry: Registry
+) -> TrainConfig:
+    """``config`` with the optimizer and hyperparameters ``--tune`` measured as best."""
+    candidates = None if config.optimizer == "auto" else [config.optimizer]
+    what = "the rules' candidates" if candidates is None else config.optimizer
+    print(f"tuning {what} ({args.tune_budget} steps)...", flush=True)
+    selection = tune_job(config, corpus, registry, candidates, budget_steps=args.tune_budget)
+    print(selection.explain(), flush=True)
+    params = {k: v for k, v in selection.hparams.items() if k != "lr"}
+    return attrs.evolve(
+        config,
+        optimizer=selection.name,
+        lr=selection.hparams["lr"],
+        optimizer_params=tuple(params.items()),
+    )
+
+
+def _tuned_lrs(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    corpus: Corpus,
+    registry: Registry,
+    entries: list[tuple[str, float | None]],
+) -> dict[str, dict[str, Any]]:
+    """``--tune-lr``: each runnable optimizer given without an lr, tuned alone."""
+    names = [name for name, lr in entries if lr is None and unavailable(name, registry) is None]
+    print(f"tuning the lr of {', '.join(names)} ({args.tune_budget} steps each)...", flush=True)
+    found = tune_lrs(config, corpus, registry, names, budget_steps=args.tune_budget)
+    for name, selection in found.items():
+        trial = selection.tuning.trials[0] if selection.tuning else None
+        if trial is not None:
+            print(
+                f"  {name}: lr {trial.lr:.3g} (range test's minimum at {trial.lr_at_min or 0:.3g}, "
+                f"held-out loss {trial.held_out_loss:.4f})",
+                flush=True,
+            )
+    return {name: dict(selection.hparams) for name, selection in found.items()}
 
 
 def _matplotlib_available() -> bool:
@@ -76,7 +146,8 @@ def _run_compare(
     threads = _threads(args, config)
     print(header(config, corpus, threads), flush=True)
     with torch_threads(threads.threads):
-        results = compare(config, entries, registry, corpus, quiet=args.quiet)
+        tuned = _tuned_lrs(args, config, corpus, registry, entries) if args.tune_lr else None
+        results = compare(config, entries, registry, corpus, quiet=args.quiet, tuned=tuned)
     trained = [r for r in results if isinstance(r, TrainResult)]
     print()
     print(compare_table(results))
@@ -92,8 +163,13 @@ def _run_single(args: argparse.Namespace, config: TrainConfig, registry: Registr
     corpus = load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
     threads = _threads(args, config)
+    if args.tune:
+        with torch_threads(threads.threads):
+            config = _tuned_config(args, config, corpus, registry)
     print(header(config, corpus, threads), flush=True)
-    if config.nproc > 1:
+    if config.parallel == "fsdp":
+        print(_SHARDING.format(nproc=config.nproc), flush=True)
+    if config.nproc > 1 or config.parallel == "fsdp":  # FSDP needs a process group, even of one
         result: TrainResult | None = launch(config, quiet=args.quiet, threads=threads.threads)
     else:
         with torch_threads(threads.threads):

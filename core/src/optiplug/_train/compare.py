@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import IO
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
 
 import attrs
 
@@ -108,6 +108,7 @@ def compare(
     log: Callable[[str], None] | None = echo,
     stream: IO[str] | None = None,
     quiet: bool = False,
+    tuned: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[TrainResult | Skipped]:
     """Train each optimizer of ``entries`` on identical data, seed and schedule.
 
@@ -119,6 +120,8 @@ def compare(
         log: where log lines go; None drops them.
         stream: where the progress bars go.
         quiet: log lines instead of progress bars.
+        tuned: ``{name: hyperparameters}`` found by ``--tune-lr`` (``lr`` and
+            the recipe's others); they replace ``config.lr`` for that optimizer.
 
     Returns:
         A :class:`TrainResult` per trained optimizer, a :class:`Skipped` per missing one.
@@ -137,6 +140,9 @@ def compare(
             results.append(Skipped(name, reason))
             continue
         run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)
+        if tuned is not None and name in tuned:
+            params = {k: v for k, v in tuned[name].items() if k != "lr"}
+            run = attrs.evolve(run, lr=tuned[name]["lr"], optimizer_params=tuple(params.items()))
         label = f"{name}: "
         result = train(run, registry, corpus, log=log, stream=stream, quiet=quiet, label=label)
         if result is not None:

@@ -19,6 +19,7 @@ from ..errors import HyperparameterError, OptiplugError
 __all__ = [
     "ADDED_FIELDS",
     "NONFINITE_POLICIES",
+    "PARALLEL_MODES",
     "RESUMABLE_FIELDS",
     "RUN_FILE",
     "SAVED_DEFAULTS",
@@ -29,6 +30,7 @@ __all__ = [
 
 RUN_FILE = "train.json"
 NONFINITE_POLICIES = ("stop", "skip")
+PARALLEL_MODES = ("ddp", "fsdp")
 _RUN_FILE_VERSION = 1
 
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -82,6 +84,23 @@ def _check_policy(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -
         )
 
 
+def _check_parallel(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in PARALLEL_MODES:
+        raise HyperparameterError(
+            attribute.name, value, "must be 'ddp' or 'fsdp'", algorithm="train"
+        )
+
+
+def _frozen(value: Any) -> Any:
+    """JSON's lists back to tuples (``betas``), so a resumed run's values compare equal."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _params(pairs: Iterable[Iterable[Any]]) -> tuple[tuple[str, Any], ...]:
+    """Optimizer hyperparameters as sorted ``(name, value)`` pairs, lists made tuples."""
+    return tuple(sorted((str(key), _frozen(value)) for key, value in pairs))
+
+
 def _pairs(pairs: Iterable[Iterable[Any]]) -> tuple[tuple[str, Any], ...]:
     """``[["decay", "linear"]]`` (as JSON or argparse give it) -> ``(("decay", "linear"),)``."""
     return tuple((str(key), value) for key, value in pairs)
@@ -125,6 +144,13 @@ class TrainConfig:
             good checkpoint), or ``"skip"`` such batches (``Graph.set_nonfinite_policy``).
         clip: clip the global gradient norm (L2) to this before every step
             (``Graph.set_grad_clip``); None does not clip.
+        parallel: ``"ddp"`` (every process holds the whole model) or
+            ``"fsdp"`` (``Graph(parallel="fsdp")``: each process holds a shard of
+            the parameters, gradients and optimizer state; runs in ``nproc``
+            processes, one included).
+        optimizer_params: further optimizer hyperparameters as ``(name, value)``
+            pairs (``--tune`` stores the tuned recipe here: betas, weight decay,
+            every learning rate besides ``lr``).
     """
 
     steps: int = attrs.field(default=500, validator=_at_least(1))
@@ -156,6 +182,8 @@ class TrainConfig:
     threads: int | None = attrs.field(default=None, validator=_optional(1))
     nonfinite: str = attrs.field(default="stop", validator=_check_policy)
     clip: float | None = attrs.field(default=None, validator=_check_clip)
+    parallel: str = attrs.field(default="ddp", validator=_check_parallel)
+    optimizer_params: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_params)
 
     def __attrs_post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -172,6 +200,13 @@ class TrainConfig:
         if self.nproc > 1 and self.device != "cpu":
             raise HyperparameterError(
                 "device", self.device, "--nproc runs gloo processes on the CPU", algorithm="train"
+            )
+        if self.parallel == "fsdp" and self.device != "cpu":
+            raise HyperparameterError(
+                "device",
+                self.device,
+                "--parallel fsdp runs gloo processes on the CPU",
+                algorithm="train",
             )
 
     @property
@@ -207,14 +242,15 @@ RESUMABLE_FIELDS = (
     "max_chars",
     "nproc",
     "clip",
+    "optimizer_params",
 )
 """Options a resumed run takes from ``train.json`` and may not change."""
 
-ADDED_FIELDS: dict[str, Any] = {"clip": None}
+ADDED_FIELDS: dict[str, Any] = {"clip": None, "optimizer_params": ()}
 """Resumable options newer than the run file format: a ``train.json`` written
 before they existed lacks them and ran with these values."""
 
-SAVED_DEFAULTS = ("threads", "save_every", "nonfinite")
+SAVED_DEFAULTS = ("threads", "save_every", "nonfinite", "parallel")
 """Options a resumed run takes from ``train.json`` unless given (the thread count
 changes the order of float sums, so keeping it keeps a resumed run bit-identical)."""
 

@@ -40,7 +40,8 @@ def build_graph(
     """Seed, build the model, and wire it to optimizer, schedule and data in a Graph.
 
     Under ``torch.distributed`` each process loads ``batch_size / world`` windows
-    per step (the Graph shards the data and wraps the model in DDP).
+    per step (the Graph shards the data and wraps the model in DDP, or with
+    ``config.parallel == "fsdp"`` shards it with FSDP2, one unit per block).
 
     Args:
         config: the run.
@@ -62,11 +63,18 @@ def build_graph(
         d_model=config.d_model,
         n_head=config.n_head,
     )
-    graph = Graph(model, device=config.device, seed=config.seed)
+    graph = Graph(model, device=config.device, seed=config.seed, parallel=config.parallel)
     graph.set_nonfinite_policy(config.nonfinite)
     graph.set_grad_clip(config.clip)
     graph.set_scheduler(make_schedule(config, registry))
-    chosen = resolve_optimizer(config.optimizer, model, registry, lr=config.lr, impl=config.impl)
+    chosen = resolve_optimizer(
+        config.optimizer,
+        model,
+        registry,
+        lr=config.lr,
+        impl=config.impl,
+        params=dict(config.optimizer_params),
+    )
     graph.set_optimizer(chosen)
     per_rank = config.batch_size // _ranks.world_size()
     dataset = Windows(corpus.train, config.block_size)
@@ -135,7 +143,11 @@ class _Curves:
 
 
 class _Evaluator:
-    """The fixed validation windows and the curve's points (rank 0 only)."""
+    """The fixed validation windows and the curve's points.
+
+    Rank 0 records them; under FSDP every rank evaluates alongside it, since
+    each forward gathers the sharded parameters from all ranks.
+    """
 
     def __init__(self, graph: Graph, config: TrainConfig, corpus: Corpus, active: bool) -> None:
         self.graph, self.config, self.active = graph, config, active
@@ -337,7 +349,8 @@ def train(
     lead = _ranks.rank() == 0
     graph, chosen = build_graph(config, corpus, registry)
     start = _start(graph, config, corpus, registry)
-    evaluator = _Evaluator(graph, config, corpus, lead)
+    sharded = graph.parallel == "fsdp"  # every forward needs every rank
+    evaluator = _Evaluator(graph, config, corpus, lead or sharded)
     if lead and log is not None:
         for line in _announce(graph, chosen, config, registry, start).splitlines():
             log(label + line)
@@ -355,10 +368,13 @@ def train(
     seconds = time.perf_counter() - began
     if config.save and curves.saved_at != graph.training_step:
         save_run(graph, config, corpus)
-    if not lead:
+    if not lead and not sharded:
         torch.distributed.barrier()
         return None
     measured = _finish(graph, config, corpus, curves)
+    if not lead:
+        torch.distributed.barrier()
+        return None
     if _ranks.active():
         torch.distributed.barrier()
     return _result(graph, chosen, registry, {**measured, "start_step": start, "seconds": seconds})

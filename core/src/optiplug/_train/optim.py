@@ -6,6 +6,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -61,6 +62,7 @@ def resolve_optimizer(
     *,
     lr: float | None = None,
     impl: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> OptimizerFactory:
     """The optimizer factory for ``name`` (``"auto"`` asks ``AutoOptimizer``).
 
@@ -70,6 +72,7 @@ def resolve_optimizer(
         registry: where the optimizer (or the selection rules) are looked up.
         lr: overrides the learning rate, when given.
         impl: forces an implementation, when given.
+        params: further hyperparameters over the optimizer's (or selection's) own.
 
     Returns:
         An :class:`~optiplug.OptimizerFactory` (a :class:`~optiplug.Selection` for auto).
@@ -78,7 +81,7 @@ def resolve_optimizer(
         UnknownOptimizerError: ``name`` is not installed.
         HyperparameterError: ``lr`` is invalid for it.
     """
-    overrides: dict[str, Any] = {} if lr is None else {"lr": lr}
+    overrides: dict[str, Any] = {**(params or {}), **({} if lr is None else {"lr": lr})}
     if name != "auto":
         return registry.factory(name, impl=impl, **overrides)
     selection = AutoOptimizer.for_model(

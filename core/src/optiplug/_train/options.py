@@ -11,11 +11,25 @@ from typing import Any
 
 from ..cli.schedule import parse_param
 from ..errors import OptiplugError
-from .config import NONFINITE_POLICIES, RESUMABLE_FIELDS, TrainConfig, read_run_file
+from .config import (
+    NONFINITE_POLICIES,
+    PARALLEL_MODES,
+    RESUMABLE_FIELDS,
+    TrainConfig,
+    read_run_file,
+)
 
-__all__ = ["DEFAULT_PLOT", "config_from_args", "configure"]
+__all__ = [
+    "DEFAULT_PLOT",
+    "DEFAULT_TUNE_BUDGET",
+    "add_tune_budget",
+    "config_from_args",
+    "configure",
+]
 
 DEFAULT_PLOT = "optiplug-compare.png"
+DEFAULT_TUNE_BUDGET = 1500
+"""Optimizer steps of ``--tune``/``--tune-lr``/``optiplug tune``, all candidates together."""
 _FIELDS = {
     "steps": "steps",
     "batch_size": "batch_size",
@@ -46,6 +60,7 @@ _FIELDS = {
     "threads": "threads",
     "nonfinite": "nonfinite",
     "clip": "clip",
+    "parallel": "parallel",
 }
 """Command-line destination -> :class:`~optiplug._train.config.TrainConfig` field."""
 
@@ -155,6 +170,12 @@ def _add_process_options(parser: argparse.ArgumentParser) -> None:
         help="N processes (torch.distributed, gloo); each takes batch-size/N windows",
     )
     process.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        help="ddp: every process holds the whole model (default); fsdp: each holds a shard of "
+        "the parameters, gradients and optimizer state (FSDP2; one process or --nproc N)",
+    )
+    process.add_argument(
         "--threads",
         type=int,
         metavar="N",
@@ -168,6 +189,33 @@ def _add_process_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tune_budget(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add ``--tune-budget`` (optimizer steps of a tune, all candidates together)."""
+    parser.add_argument(
+        "--tune-budget",
+        type=int,
+        metavar="STEPS",
+        default=DEFAULT_TUNE_BUDGET,
+        help=f"optimizer steps of the tune, all candidates together (default: {DEFAULT_TUNE_BUDGET})",
+    )
+
+
+def _add_tune_options(parser: argparse.ArgumentParser) -> None:
+    tune = parser.add_argument_group("measuring the optimizer (AutoOptimizer.tune)")
+    tune.add_argument(
+        "--tune",
+        action="store_true",
+        help="before training, measure: with --optimizer auto, the candidates the rules rank "
+        "highest; with a named optimizer, its lr (LR range test and a short run each)",
+    )
+    tune.add_argument(
+        "--tune-lr",
+        action="store_true",
+        help="with --compare: tune each optimizer's lr first (those given as NAME=LR keep theirs)",
+    )
+    add_tune_budget(tune)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``train`` command's arguments to ``parser``.
 
@@ -175,6 +223,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser: the ``train`` subcommand's parser.
     """
     _add_run_options(parser)
+    _add_tune_options(parser)
     _add_model_options(parser)
     _add_output_options(parser)
     _add_process_options(parser)

@@ -9,6 +9,7 @@ imported when the command runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from .._core.hooks import PLUGIN_API_VERSION, hookimpl
 from .._core.specs import CommandSpec
@@ -36,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
         OptiplugError: a package the application needs is not installed (one
             line naming it), or any error of the run itself.
     """
+    missing = next((p for m, p in _NEEDED.items() if importlib.util.find_spec(m) is None), None)
     try:
+        if missing is not None:  # before torch, which warns when numpy is missing
+            raise ModuleNotFoundError(name=missing)
         from . import command  # deferred: imports torch
     except ModuleNotFoundError as error:
         package = _NEEDED.get((error.name or "").partition(".")[0])
@@ -51,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
 @hookimpl
 def optiplug_cli_commands() -> list[CommandSpec]:
-    """Provide the ``train`` command.
+    """Provide the ``train`` and ``tune`` commands.
 
     Returns:
-        The ``train`` :class:`~optiplug.CommandSpec`.
+        Their :class:`~optiplug.CommandSpec` records.
     """
     return [
         CommandSpec(
@@ -62,5 +66,11 @@ def optiplug_cli_commands() -> list[CommandSpec]:
             help="train a small character-level language model and report its losses",
             configure=lazy("optiplug._train.options:configure"),
             run=run,
-        )
+        ),
+        CommandSpec(
+            name="tune",
+            help="measure optimizers on the training job: LR range test and a short run each",
+            configure=lazy("optiplug._train.tune_command:configure"),
+            run=lazy("optiplug._train.tune_command:run"),
+        ),
     ]

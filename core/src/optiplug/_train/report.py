@@ -386,7 +386,8 @@ def plot_losses(
 def _plot_run(axes: Axes, result: TrainResult, color: str) -> None:
     """Draw one run on matplotlib ``axes``: smoothed training loss, validation points."""
     steps, losses = zip(*result.curve, strict=True) if result.curve else ((), ())
-    axes.plot(steps, smooth(losses), color=color, linewidth=1.4, label=f"{result.optimizer} train")
+    name = f"{result.optimizer} (lr {result.hyperparameters['lr']:.3g})"
+    axes.plot(steps, smooth(losses), color=color, linewidth=1.4, label=f"{name} train")
     val_steps, val_losses = zip(*result.val_curve, strict=True)
     axes.plot(
         val_steps,
@@ -395,5 +396,5 @@ def _plot_run(axes: Axes, result: TrainResult, color: str) -> None:
         color=color,
         markersize=3.5,
         linewidth=1,
-        label=f"{result.optimizer} val",
+        label=f"{name} val",
     )
