@@ -110,6 +110,10 @@ def impl_choices() -> dict[str, Any]:
             found[f"{algorithm}/fused"] = "accepted"
         except HyperparameterError as error:
             found[f"{algorithm}/fused"] = str(error)
+    found["excluded"] = {
+        f"{algorithm}|{kinds}": reasons
+        for (algorithm, kinds), reasons in optiplug.base.excluded_implementations().items()
+    }
     return found
 
 

@@ -191,6 +191,10 @@ def test_unsupported_kernels_are_excluded_for_sharded_parameters(
     choices = results["rank0"]["impl"]
     for algorithm in ("adamw", "sgd", "lion"):
         assert choices[f"{algorithm}/auto"] in ("loop", "foreach")
+        # the choice says why fused was left out (optiplug.base.excluded_implementations)
+        assert f"{algorithm}|cpu/torch.float64 DTensor" in choices["excluded"], choices["excluded"]
+        reasons = choices["excluded"][f"{algorithm}|cpu/torch.float64 DTensor"]
+        assert reasons["fused"] == ("does not support these parameters (cpu/torch.float64 DTensor)")
         assert (
             "invalid impl='fused': does not support these parameters"
             in (choices[f"{algorithm}/fused"])

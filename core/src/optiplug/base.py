@@ -73,6 +73,7 @@ __all__ = [
     "choose_implementation",
     "closure_loss",
     "count_layers",
+    "excluded_implementations",
     "foreach_supported",
     "fused_supported",
     "group_overrides",
@@ -308,6 +309,20 @@ def validated_config(
     for override in group_overrides(params):
         validate_hyperparameters(algorithm, {**hparams, **override}, config=config_class)
     return config
+
+
+def excluded_implementations() -> dict[tuple[str, str], dict[str, str]]:
+    """The implementations ``impl=None`` left out in this process, and why.
+
+    Keyed by ``(algorithm, tensor kinds)``, e.g. ``("adamw", "cpu/torch.float32
+    DTensor")`` for FSDP2's sharded parameters; each value maps an
+    implementation to its reason ("needs a CUDA device", "does not support
+    these parameters (...)"). The latest choice per key is kept.
+
+    Returns:
+        A copy of the record.
+    """
+    return _autotune.exclusions()
 
 
 def choose_implementation(

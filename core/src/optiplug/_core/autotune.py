@@ -73,6 +73,7 @@ __all__ = [
     "choose",
     "clear_cache",
     "decisions",
+    "exclusions",
     "implementation_failures",
     "measure",
     "measurements",
@@ -105,6 +106,7 @@ _decisions: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
 _agreed: dict[tuple[Any, ...], tuple[str, dict[str, float]]] = {}
 _measurements: dict[tuple[Any, ...], Measurement] = {}
 _failures: dict[tuple[str, str, str], str] = {}
+_exclusions: dict[tuple[str, str], dict[str, str]] = {}
 _warming: dict[tuple[str, str, str, str], threading.Thread] = {}
 _agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
     "optiplug_autotune_agreement", default=None
@@ -168,6 +170,20 @@ def measurements() -> dict[tuple[Any, ...], Measurement]:
         return dict(_measurements)
 
 
+def exclusions() -> dict[tuple[str, str], dict[str, str]]:
+    """Implementations ``impl=None`` left out, and why: ``(algorithm, tensor kinds) -> {name: reason}``.
+
+    The tensor kinds are :func:`tensor_kinds` of the parameters (a
+    ``DTensor`` is marked so: FSDP2's sharded parameters). The latest
+    choice for each key is kept.
+
+    Returns:
+        A copy of the record.
+    """
+    with _lock:
+        return {key: dict(value) for key, value in _exclusions.items()}
+
+
 def clear_cache() -> None:
     """Forget every measured choice, own and agreed, and every recorded failure."""
     with _lock:
@@ -175,6 +191,7 @@ def clear_cache() -> None:
         _agreed.clear()
         _measurements.clear()
         _failures.clear()
+        _exclusions.clear()
 
 
 def implementation_failures() -> dict[tuple[str, str, str], str]:
@@ -716,7 +733,26 @@ def select(
             )
         return chosen
     runnable = _runnable(candidates, params)
+    _record_exclusions(algorithm, candidates, runnable, params)
     return choose(algorithm, runnable, params, hparams) if runnable else None
+
+
+def _record_exclusions(
+    algorithm: str,
+    candidates: Sequence[ImplementationSpec],
+    runnable: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+) -> None:
+    """Remember which candidates could not run ``params``, with the reason (see :func:`exclusions`)."""
+    kinds = tensor_kinds(params)
+    kept = {c.name for c in runnable}
+    left_out = {
+        c.name: availability_reason(c) or f"does not support these parameters ({kinds})"
+        for c in candidates
+        if c.name not in kept
+    }
+    with _lock:
+        _exclusions[(algorithm, kinds)] = left_out
 
 
 def _runnable(
@@ -740,7 +776,7 @@ def _runnable(
 
 
 def tensor_kinds(params: Sequence[torch.Tensor]) -> str:
-    """``"cpu/torch.float32, cuda/torch.bfloat16"``: the device/dtype pairs in ``params``.
+    """``"cpu/torch.float32, cuda/torch.bfloat16 DTensor"``: the device/dtype pairs in ``params``.
 
     Args:
         params: tensors.
@@ -748,7 +784,12 @@ def tensor_kinds(params: Sequence[torch.Tensor]) -> str:
     Returns:
         The sorted, comma-separated pairs.
     """
-    return ", ".join(sorted({f"{p.device.type}/{p.dtype}" for p in params}))
+    return ", ".join(sorted({f"{p.device.type}/{p.dtype}{_sharded(p)}" for p in params}))
+
+
+def _sharded(tensor: torch.Tensor) -> str:
+    """`` DTensor`` for a distributed tensor (FSDP2's parameters), else nothing."""
+    return " DTensor" if type(tensor).__name__ == "DTensor" else ""
 
 
 def _slowest_rank(timings: dict[str, float], device: torch.device) -> dict[str, float]:
