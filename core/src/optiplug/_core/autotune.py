@@ -732,46 +732,35 @@ def select(
                 algorithm=algorithm,
             )
         return chosen
-    runnable = _runnable(candidates, params)
-    _record_exclusions(algorithm, candidates, runnable, params)
+    runnable = _runnable(algorithm, candidates, params)
     return choose(algorithm, runnable, params, hparams) if runnable else None
 
 
-def _record_exclusions(
-    algorithm: str,
-    candidates: Sequence[ImplementationSpec],
-    runnable: Sequence[ImplementationSpec],
-    params: Sequence[torch.Tensor],
-) -> None:
-    """Remember which candidates could not run ``params``, with the reason (see :func:`exclusions`)."""
-    kinds = tensor_kinds(params)
-    kept = {c.name for c in runnable}
-    left_out = {
-        c.name: availability_reason(c) or f"does not support these parameters ({kinds})"
-        for c in candidates
-        if c.name not in kept
-    }
-    with _lock:
-        _exclusions[(algorithm, kinds)] = left_out
-
-
 def _runnable(
-    candidates: Sequence[ImplementationSpec], params: Sequence[torch.Tensor]
+    algorithm: str, candidates: Sequence[ImplementationSpec], params: Sequence[torch.Tensor]
 ) -> list[ImplementationSpec]:
-    """The available candidates that can run ``params``.
+    """The available candidates that can run ``params``; the others are recorded with why.
 
     One that is unavailable on this machine is left out; one whose
-    ``supports`` check raises is reported and skipped.
+    ``supports`` check raises is reported and skipped. What was left out,
+    and the reason, is kept for :func:`exclusions`.
     """
-    found = []
+    kinds = tensor_kinds(params)
+    found, left_out = [], {}
     for candidate in candidates:
-        if availability_reason(candidate) is not None:
-            continue
-        try:
-            if candidate.can_run(params):
-                found.append(candidate)
-        except Exception as error:
-            report_failure(candidate, error)
+        reason = availability_reason(candidate)
+        if reason is None:
+            try:
+                if candidate.can_run(params):
+                    found.append(candidate)
+                    continue
+                reason = f"does not support these parameters ({kinds})"
+            except Exception as error:
+                report_failure(candidate, error)
+                reason = f"its supports check raised {type(error).__name__}: {error}"
+        left_out[candidate.name] = reason
+    with _lock:
+        _exclusions[(algorithm, kinds)] = left_out
     return found
 
 
