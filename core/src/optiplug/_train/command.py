@@ -31,7 +31,7 @@ from .options import DEFAULT_PLOT, config_from_args
 from .preflight import preflight
 from .report import compare_table, header, plot_losses, report
 from .results import TrainResult
-from .tune import tune_job, tune_lrs
+from .tune import run_hyperparameters, tune_job, tune_lrs
 
 __all__ = ["run"]
 
@@ -84,13 +84,8 @@ def _tuned_config(
     print(f"tuning {what} ({args.tune_budget} steps)...", flush=True)
     selection = tune_job(config, corpus, registry, candidates, budget_steps=args.tune_budget)
     print(selection.explain(), flush=True)
-    params = {k: v for k, v in selection.hparams.items() if k != "lr"}
-    return attrs.evolve(
-        config,
-        optimizer=selection.name,
-        lr=selection.hparams["lr"],
-        optimizer_params=tuple(params.items()),
-    )
+    lr, params = run_hyperparameters(selection.hparams)
+    return attrs.evolve(config, optimizer=selection.name, lr=lr, optimizer_params=params)
 
 
 def _tuned_lrs(

@@ -19,6 +19,7 @@ from .data import Corpus, load_corpus
 from .loop import train
 from .report import echo
 from .results import Skipped, TrainResult
+from .tune import run_hyperparameters
 
 __all__ = ["availability", "compare", "installed", "parse_compare", "unavailable"]
 
@@ -141,8 +142,8 @@ def compare(
             continue
         run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)
         if tuned is not None and name in tuned:
-            params = {k: v for k, v in tuned[name].items() if k != "lr"}
-            run = attrs.evolve(run, lr=tuned[name]["lr"], optimizer_params=tuple(params.items()))
+            lr, params = run_hyperparameters(dict(tuned[name]))
+            run = attrs.evolve(run, lr=lr, optimizer_params=params)
         label = f"{name}: "
         result = train(run, registry, corpus, log=log, stream=stream, quiet=quiet, label=label)
         if result is not None:

@@ -28,12 +28,32 @@ from .optim import effective_hparams, make_schedule, resolve_optimizer
 from .report import Progress, echo, run_header
 from .results import TrainResult
 
-__all__ = ["build_graph", "check_run", "train"]
+__all__ = ["build_graph", "check_run", "seeded_model", "train"]
 
 _FINAL_WINDOWS = 4096
 
 
 # ------------------------------------------------------------------ setup
+def seeded_model(config: TrainConfig, corpus: Corpus) -> CharTransformer:
+    """The run's model at its initial weights: seeded with ``config.seed``, on the CPU.
+
+    Args:
+        config: the run (model shape and seed).
+        corpus: its corpus (the vocabulary size).
+
+    Returns:
+        The model; the same weights for the same options.
+    """
+    torch.manual_seed(config.seed)
+    return CharTransformer(
+        len(corpus.vocab),
+        block_size=config.block_size,
+        n_layer=config.n_layer,
+        d_model=config.d_model,
+        n_head=config.n_head,
+    )
+
+
 def build_graph(
     config: TrainConfig, corpus: Corpus, registry: Registry
 ) -> tuple[Graph, OptimizerFactory]:
@@ -55,14 +75,7 @@ def build_graph(
         UnknownOptimizerError: no such optimizer.
         HyperparameterError: invalid hyperparameters or schedule parameters.
     """
-    torch.manual_seed(config.seed)
-    model = CharTransformer(
-        len(corpus.vocab),
-        block_size=config.block_size,
-        n_layer=config.n_layer,
-        d_model=config.d_model,
-        n_head=config.n_head,
-    )
+    model = seeded_model(config, corpus)
     graph = Graph(model, device=config.device, seed=config.seed, parallel=config.parallel)
     graph.set_nonfinite_policy(config.nonfinite)
     graph.set_grad_clip(config.clip)

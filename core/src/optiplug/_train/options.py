@@ -95,7 +95,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--device", help="torch device (default: cpu)")
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Add the data and model options (``--data`` ... ``--heads``) to ``parser``."""
     model = parser.add_argument_group("data and model")
     model.add_argument(
         "--data", metavar="PATH", help="a text file or directory (default: the standard library)"
@@ -224,12 +225,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """
     _add_run_options(parser)
     _add_tune_options(parser)
-    _add_model_options(parser)
+    add_model_options(parser)
     _add_output_options(parser)
     _add_process_options(parser)
 
 
-def _given(args: argparse.Namespace) -> dict[str, Any]:
+def given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``TrainConfig`` fields the parsed ``args`` set (options not given, or absent, are left out)."""
     given = {
         field: getattr(args, dest)
         for dest, field in _FIELDS.items()
@@ -275,7 +277,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     Raises:
         OptiplugError: a conflicting option on resume, or an invalid value.
     """
-    given = _given(args)
+    given = given_options(args)
     if args.resume:
         given = _merge_resumed(given, args.resume)
     return TrainConfig(**given)

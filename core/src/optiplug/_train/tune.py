@@ -18,13 +18,15 @@ from .._core.registry import Registry
 from .._core.selection import Selection
 from .config import TrainConfig
 from .data import Corpus, Windows, spread, windows
-from .model import CharTransformer, next_token_loss
+from .loop import seeded_model
+from .model import next_token_loss
 from .options import DEFAULT_TUNE_BUDGET
 
 __all__ = [
     "DEFAULT_TUNE_BUDGET",
     "HELD_OUT_BATCHES",
     "job_loss",
+    "run_hyperparameters",
     "tune_job",
     "tune_lrs",
 ]
@@ -38,18 +40,6 @@ _MAX_TRAIN_BATCHES = 256
 def job_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The training job's loss: next-character cross-entropy of ``model`` on ``batch``."""
     return next_token_loss(model(batch["tokens"]), batch["targets"])
-
-
-def job_model(config: TrainConfig, corpus: Corpus) -> CharTransformer:
-    """The run's model at its seeded initial weights (as :func:`build_graph` makes it)."""
-    torch.manual_seed(config.seed)
-    return CharTransformer(
-        len(corpus.vocab),
-        block_size=config.block_size,
-        n_layer=config.n_layer,
-        d_model=config.d_model,
-        n_head=config.n_head,
-    ).to(config.device)
 
 
 def job_batches(
@@ -77,6 +67,18 @@ def job_batches(
     return found, held_out
 
 
+def run_hyperparameters(hparams: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...]]:
+    """A tuned selection's hyperparameters as a run takes them: ``lr``, and the others as pairs.
+
+    Args:
+        hparams: the selection's hyperparameters (``lr`` among them).
+
+    Returns:
+        ``(lr, ((name, value), ...))`` for ``TrainConfig.lr`` and ``optimizer_params``.
+    """
+    return float(hparams["lr"]), tuple((k, v) for k, v in hparams.items() if k != "lr")
+
+
 def tune_job(
     config: TrainConfig,
     corpus: Corpus,
@@ -100,7 +102,7 @@ def tune_job(
     Raises:
         TuneError: the budget is too small for the candidates, or all diverged.
     """
-    model = job_model(config, corpus)
+    model = seeded_model(config, corpus).to(config.device)
     train, held_out = job_batches(config, corpus, min(budget_steps, _MAX_TRAIN_BATCHES))
     return AutoOptimizer.tune(
         model,

@@ -16,23 +16,9 @@ from .._core.registry import Registry
 from .._core.selection import Selection
 from ..errors import OptiplugError
 from .config import TrainConfig
-from .options import add_tune_budget
+from .options import add_model_options, add_tune_budget, given_options
 
 __all__ = ["configure", "run"]
-
-_CONFIG_OPTIONS = {
-    "seed": "seed",
-    "device": "device",
-    "data": "data",
-    "max_chars": "max_chars",
-    "batch_size": "batch_size",
-    "block_size": "block_size",
-    "layers": "n_layer",
-    "d_model": "d_model",
-    "heads": "n_head",
-    "threads": "threads",
-}
-"""Command-line destination -> ``TrainConfig`` field."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,14 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("the training job (as optiplug train)")
     job.add_argument("--seed", type=int, help="seed of weights, batches and trials (default: 0)")
     job.add_argument("--device", help="torch device (default: cpu)")
-    job.add_argument("--data", metavar="PATH", help="a text file or directory")
-    job.add_argument("--max-chars", type=int, metavar="N", help="corpus characters")
-    job.add_argument("--batch-size", type=int, metavar="N", help="windows per step (default: 32)")
-    job.add_argument("--block-size", type=int, metavar="N", help="context (default: 64)")
-    job.add_argument("--layers", type=int, metavar="N", help="transformer blocks (default: 3)")
-    job.add_argument("--d-model", type=int, metavar="N", help="embedding width (default: 96)")
-    job.add_argument("--heads", type=int, metavar="N", help="attention heads (default: 4)")
     job.add_argument("--threads", type=int, metavar="N", help="torch threads")
+    add_model_options(parser)
 
 
 def _candidates(text: str | None) -> list[str] | None:
@@ -120,10 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from .tune import tune_job  # deferred: imports torch
 
     registry: Registry = args.registry
-    given = {
-        f: getattr(args, d) for d, f in _CONFIG_OPTIONS.items() if getattr(args, d) is not None
-    }
-    config = TrainConfig(**given)
+    config = TrainConfig(**given_options(args))
     candidates = _candidates(args.candidates)
     for name in candidates or ():
         registry.spec(name)
