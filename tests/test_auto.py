@@ -361,6 +361,44 @@ def test_pretraining_prefers_muon_when_installed_and_adamw_when_disabled() -> No
     assert statuses["pretraining:muon"] == "skipped"
 
 
+@pytest.mark.parametrize(
+    ("n", "betas", "betas_source"),
+    [
+        (None, (0.9, 0.95), "GPT-NeoX"),
+        (10**7, (0.9, 0.95), "GPT-NeoX"),
+        (10**8, (0.9, 0.95), "GPT-NeoX"),
+        (124_439_808, (0.95, 0.98), "language-model runs"),
+        (7 * 10**9, (0.95, 0.98), "language-model runs"),
+    ],
+)
+def test_pretraining_lion_takes_adamws_lr_over_3_and_weight_decay_times_3(
+    n: int | None, betas: tuple[float, float], betas_source: str
+) -> None:
+    registry = optiplug.Registry(disabled=["muon"])
+    selection = AutoOptimizer.for_task(
+        "causal-lm", num_parameters=n, stage="pretraining", registry=registry
+    )
+    by_rule = {r.candidate.rule: r for r in selection.candidates}
+    adamw, lion = by_rule["pretraining:adamw"].candidate, by_rule["pretraining:lion"]
+    assert lion.status == "outscored" and lion.candidate.score < adamw.score
+    # 3 significant figures of adamw's lr / 3: relative error below 5e-3.
+    assert lion.candidate.hparams["lr"] * 3 == pytest.approx(adamw.hparams["lr"], rel=5e-3)
+    assert lion.candidate.hparams["weight_decay"] == pytest.approx(
+        3 * adamw.hparams["weight_decay"]
+    )
+    assert lion.candidate.hparams["betas"] == betas
+    assert "Chen et al. 2023" in lion.candidate.reason and betas_source in lion.candidate.reason
+    optiplug.create("lion", [torch.nn.Parameter(torch.ones(2))], **lion.candidate.hparams)
+
+
+def test_pretraining_falls_back_to_lion_only_without_muon_and_adamw() -> None:
+    registry = optiplug.Registry(disabled=["muon", "adamw"])
+    selection = AutoOptimizer.for_task(
+        "causal-lm", num_parameters=10**7, stage="pretraining", registry=registry
+    )
+    assert selection.optimizer == "lion" and selection.hparams["betas"] == (0.9, 0.95)
+
+
 @pytest.mark.parametrize("stage", ["finetuning", None])
 @pytest.mark.parametrize("n", [None, 10**7, 124_439_808, 7 * 10**9])
 @pytest.mark.parametrize("task", [None, "causal-lm", "text-classification", "qa"])

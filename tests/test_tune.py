@@ -226,20 +226,40 @@ def test_every_candidate_diverging_is_reported() -> None:
         )
 
 
-def test_default_candidates_come_from_the_rules_ranking() -> None:
+@pytest.mark.parametrize(("budget", "measured"), [(100, 1), (1500, 2), (2250, 3), (9000, 3)])
+def test_default_candidates_come_from_the_rules_ranking_one_per_750_steps(
+    budget: int, measured: int
+) -> None:
     model = small_model()
     rules = optiplug.AutoOptimizer.for_model(model, stage="pretraining")
     installed = [r.candidate.algorithm for r in rules.candidates if r.status != "skipped"]
-    expected = list(dict.fromkeys(installed))[:3]
+    ranked = list(dict.fromkeys(installed))
+    assert len(ranked) >= 3  # muon, adamw and lion are installed in the test environment
+    assert tune_module.default_candidates(budget, 3) == measured
     selection = optiplug.AutoOptimizer.tune(
-        model,
-        regression_loss,
-        regression_batches(),
-        stage="pretraining",
-        budget_steps=60 * len(expected),
+        model, regression_loss, regression_batches(), stage="pretraining", budget_steps=budget
     )
     assert selection.tuning is not None
-    assert sorted(t.algorithm for t in selection.tuning.trials) == sorted(expected)
+    assert sorted(t.algorithm for t in selection.tuning.trials) == sorted(ranked[:measured])
+
+
+def test_a_named_candidate_starts_from_its_rules_recipe() -> None:
+    pytest.importorskip("optiplug_lion")
+    selection = optiplug.AutoOptimizer.tune(
+        small_model(),
+        regression_loss,
+        regression_batches(),
+        candidates=["lion"],
+        stage="pretraining",
+        budget_steps=60,
+        held_out=2,
+    )
+    assert selection.optimizer == "lion"
+    # The pretraining:lion recipe (not lion's registered betas (0.9, 0.99), wd 0.0):
+    # every hyperparameter but the lr is the recipe's.
+    assert selection.hparams["betas"] == (0.9, 0.95)
+    assert selection.hparams["weight_decay"] == pytest.approx(0.3)
+    assert "pretraining:lion" in {r.candidate.rule for r in selection.candidates}
 
 
 def test_graph_tune_optimizer_sets_the_winner_and_keeps_the_loader_rng() -> None:

@@ -8,7 +8,10 @@ The rules split by training stage (``SelectionRequest.stage``):
   and, outranking it, Muon with an auxiliary AdamW for the non-matrix
   parameters at the same lr and weight decay with ``adjust_lr=
   "match_rms_adamw"`` (Moonlight, Liu et al. 2025). Muon's candidate is
-  skipped when the plugin is not installed, so AdamW wins then.
+  skipped when the plugin is not installed, so AdamW wins then. Below
+  AdamW, Lion at a third of AdamW's lr and three times its weight decay
+  (Chen et al. 2023), betas (0.9, 0.95) up to 1e8 parameters (GPT-NeoX's
+  small-LM configuration), the paper's language-model (0.95, 0.98) beyond.
 * **fine-tuning**: size rules (score 10) and task rules (score 20) at
   1e-5 to 5e-5, from BERT (Devlin et al. 2019, Appendix A.3) and Llama 2
   (Touvron et al. 2023, Section 3.1). Never Muon.
@@ -29,6 +32,7 @@ __all__ = [
     "FINETUNING_SIZE_RULES",
     "GPT3_LEARNING_RATES",
     "KNOWN_TASKS",
+    "LION_SCORE",
     "MUON_SCORE",
     "PRETRAINING_SCORE",
     "SIZE_SCORE",
@@ -36,6 +40,7 @@ __all__ = [
     "TASK_RULES",
     "TASK_SCORE",
     "finetuning_size_rule",
+    "lion_pretraining_rule",
     "optiplug_select_optimizer",
     "pretraining_lr",
     "pretraining_rules",
@@ -54,12 +59,31 @@ plugin's own rule (30, Muon at its defaults, which trained the built-in job to
 a lower loss: 1.77 against 2.13), so it shows in ``explain()`` as the
 alternative and decides only where the plugin's rule is absent."""
 
+LION_SCORE = 15.0
+"""The pretraining Lion rule: below AdamW's, so it decides only where AdamW is
+missing; ``AutoOptimizer.tune`` measures it as the third candidate."""
+
 GPT3 = "GPT-3 (Brown et al. 2020, Table 2.1)"
 NANOGPT = "nanoGPT (Karpathy, config/train_shakespeare_char.py: lr 1e-3)"
 MOONLIGHT = "Moonlight (Liu et al. 2025, 'Muon is Scalable for LLM Training', Sections 2.2-2.3)"
 BERT = "BERT (Devlin et al. 2019, Appendix A.3: lr in {5e-5, 3e-5, 2e-5})"
 BERT_ADAM = "BERT (Devlin et al. 2019, Appendix A.2: betas (0.9, 0.999), weight decay 0.01)"
 LLAMA2 = "Llama 2 (Touvron et al. 2023, Section 3.1: SFT lr 2e-5, weight decay 0.1)"
+
+LION = "Lion (Chen et al. 2023, 'Symbolic Discovery of Optimization Algorithms')"
+NEOX_LION = (
+    "GPT-NeoX's Lion test configuration (EleutherAI 2023: a 10-layer, 512-wide LM at "
+    "lr 3.3e-4 = AdamW's 1e-3 / 3, betas (0.9, 0.95))"
+)
+
+LION_FACTOR = 3
+"""Lion's lr is AdamW's / 3 and its weight decay AdamW's * 3 (the paper: 3-10x), lr*wd kept."""
+
+LION_SMALL_BETAS = (0.9, 0.95)
+"""Lion's betas for N <= 1e8 (GPT-NeoX's small-LM configuration): a short momentum memory."""
+
+LION_LM_BETAS = (0.95, 0.98)
+"""Lion's betas for larger language models (the paper's language-model runs)."""
 
 SMALL_PRETRAINING_LR = 1e-3
 """Pretraining lr for N <= 1e8 (below GPT-3's smallest model)."""
@@ -159,13 +183,14 @@ def pretraining_lr(n: int | None) -> tuple[float, str]:
 
 
 def pretraining_rules(request: SelectionRequest) -> list[Candidate]:
-    """The pretraining candidates: AdamW by size, and Muon (for causal LMs or no task).
+    """The pretraining candidates: AdamW by size, Muon (for causal LMs or no task), and Lion.
 
     Args:
         request: a request with ``stage == "pretraining"``.
 
     Returns:
-        The AdamW candidate, then the Muon candidate when the task allows it.
+        The AdamW candidate, the Muon candidate when the task allows it, and
+        the Lion candidate.
     """
     n = request.num_parameters
     lr, source = pretraining_lr(n)
@@ -201,7 +226,40 @@ def pretraining_rules(request: SelectionRequest) -> list[Candidate]:
                 rule="pretraining:muon",
             )
         )
+    found.append(lion_pretraining_rule(n, lr, source))
     return found
+
+
+def lion_pretraining_rule(n: int | None, adamw_lr: float, source: str) -> Candidate:
+    """Lion for pretraining: AdamW's lr / 3 and weight decay * 3, betas by size.
+
+    Args:
+        n: the parameter count, or None (treated as small).
+        adamw_lr: the pretraining AdamW lr for this size.
+        source: where that lr comes from.
+
+    Returns:
+        The candidate (score :data:`LION_SCORE`): betas (0.9, 0.95) for
+        N <= 1e8 or unknown, (0.95, 0.98) beyond.
+    """
+    lr = float(f"{adamw_lr / LION_FACTOR:.3g}")
+    weight_decay = round(PRETRAINING_WEIGHT_DECAY * LION_FACTOR, 6)
+    small = n is None or n <= SMALL_PRETRAINING_N
+    betas, betas_source = (
+        (LION_SMALL_BETAS, f"N <= 1e8: {NEOX_LION}")
+        if small
+        else (LION_LM_BETAS, f"N > 1e8: {LION}, language-model runs")
+    )
+    return Candidate(
+        "lion",
+        {"lr": lr, "betas": betas, "weight_decay": weight_decay},
+        LION_SCORE,
+        f"pretraining, N={_count(n)}: Lion at AdamW's lr / {LION_FACTOR} ({lr:g}; AdamW's "
+        f"{adamw_lr:g} from {source}) and weight decay x {LION_FACTOR} ({weight_decay:g}), "
+        f"from {LION}: lr 3-10x smaller, weight decay 3-10x larger than AdamW's; "
+        f"betas {betas} from {betas_source}",
+        rule="pretraining:lion",
+    )
 
 
 def finetuning_size_rule(request: SelectionRequest) -> Candidate:

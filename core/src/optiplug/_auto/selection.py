@@ -208,23 +208,25 @@ class AutoOptimizer:
 
         Each candidate gets an LR range test on a copy of ``model`` (its
         learning rates growing exponentially from 1e-2 to 1e3 times the
-        recipe's), the lr the geometric mean of the steepest-descent lr and
-        the minimum's lr / 10 (the minimum: where the loss first comes
-        within 5% of it), then a short run at
-        that lr from the same initial weights; the lowest mean loss on the
-        held-out batches wins. ``model`` is never changed: its parameters,
-        buffers, gradients and every RNG state are as before. Under
-        ``torch.distributed`` rank 0 measures and every rank gets its result.
+        recipe's), then short runs from the same initial weights at three
+        lrs from it: the steepest-descent lr, the minimum's lr (where the
+        loss first comes within 5% of its minimum) and their geometric
+        mean. A candidate's lr is the smallest within 1% of its best
+        held-out loss; the lowest held-out loss wins. ``model`` is never
+        changed: its parameters, buffers, gradients and every RNG state are
+        as before. Under ``torch.distributed`` rank 0 measures and every
+        rank gets its result.
 
         Args:
             model: the model to tune for (copied, never stepped).
             loss_fn: ``loss_fn(model, batch)`` returning a scalar loss tensor.
             batches: the batches (materialised); the last ``held_out`` are held out.
             candidates: algorithm names (or :class:`~optiplug.Candidate`
-                recipes); None takes the three installed algorithms the rules
-                rank highest for this model, task and stage.
+                recipes); None takes the installed algorithms the rules rank
+                highest for this model, task and stage: one per 750 steps of
+                the budget, at least one, at most three.
             budget_steps: optimizer steps for the whole tune, shared equally
-                by the candidates (40% range test, 60% short run each).
+                by the candidates (40% range test, 60% short runs each).
             held_out: held-out batches (an int >= 1) or their fraction (a float).
             seed: the seed every trial starts from; the same seed gives the
                 same result.
