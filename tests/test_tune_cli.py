@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from optiplug._auto import tune as tune_module
+from optiplug._train import command
+from optiplug._train.config import TrainConfig
+from optiplug._train.options import DEFAULT_TUNE_BUDGET
+from optiplug._train.tune import run_length_budget
 from optiplug.cli import main
 
 JOB = [
@@ -58,6 +66,34 @@ def test_bad_tune_options_exit_2(
 ) -> None:
     assert main([*args, *JOB]) == 2
     assert message in capsys.readouterr().err
+
+
+@given(st.integers(min_value=1, max_value=10**6))
+def test_a_tuned_lr_gets_short_runs_as_long_as_the_run(steps: int) -> None:
+    budget = run_length_budget(steps)
+    plan = tune_module.plan_tune(list(range(8)), 2, 1, budget, 0)
+    if budget > DEFAULT_TUNE_BUDGET:
+        assert plan.run_steps == steps  # exactly the run's length, no more
+    else:
+        assert budget == DEFAULT_TUNE_BUDGET and plan.run_steps >= steps
+    assert plan.range_steps + 3 * plan.run_steps <= budget
+
+
+@pytest.mark.parametrize(
+    ("budget_option", "optimizer", "steps", "expected"),
+    [
+        (None, "lion", 500, 2500),
+        (None, "auto", 500, 1500),
+        (None, "adamw", 100, 1500),
+        (40, "auto", 500, 40),
+    ],
+)
+def test_tune_budget_defaults_to_the_run_length_for_one_lr(
+    budget_option: int | None, optimizer: str, steps: int, expected: int
+) -> None:
+    args = argparse.Namespace(tune_budget=budget_option)
+    config = TrainConfig(optimizer=optimizer, steps=steps)
+    assert command._tune_budget(args, config, auto=optimizer == "auto") == expected
 
 
 def test_train_tune_runs_the_measured_choice(capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,6 +52,8 @@ __all__ = [
     "LR_RULE",
     "LR_SPAN",
     "PLATEAU",
+    "RANGE_SHARE",
+    "SHORT_RUNS",
     "SLOPE_WINDOW",
     "SMOOTHING",
     "TunePlan",

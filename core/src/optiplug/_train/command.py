@@ -27,11 +27,11 @@ from .cpus import ThreadChoice, choose_threads
 from .data import Corpus, load_corpus
 from .launch import launch, torch_threads
 from .loop import check_run, train
-from .options import DEFAULT_PLOT, config_from_args
+from .options import DEFAULT_PLOT, DEFAULT_TUNE_BUDGET, config_from_args
 from .preflight import preflight
 from .report import compare_table, header, plot_losses, report
 from .results import TrainResult
-from .tune import run_hyperparameters, tune_job, tune_lrs
+from .tune import run_hyperparameters, run_length_budget, tune_job, tune_lrs
 
 __all__ = ["run"]
 
@@ -71,8 +71,16 @@ def _check_tune_options(args: argparse.Namespace) -> None:
         raise OptiplugError("--resume continues with the saved optimizer; drop --tune")
     if args.tune_lr and not args.compare:
         raise OptiplugError("--tune-lr goes with --compare (one optimizer: --tune)")
-    if (args.tune or args.tune_lr) and args.tune_budget < 1:
+    if (args.tune or args.tune_lr) and args.tune_budget is not None and args.tune_budget < 1:
         raise OptiplugError(f"--tune-budget {args.tune_budget}: expected a positive step count")
+
+
+def _tune_budget(args: argparse.Namespace, config: TrainConfig, auto: bool) -> int:
+    """``--tune-budget``, or its default: the run's length per tuned lr, 1500 for auto."""
+    if args.tune_budget is not None:
+        budget: int = args.tune_budget
+        return budget
+    return DEFAULT_TUNE_BUDGET if auto else run_length_budget(config.steps)
 
 
 def _tuned_config(
@@ -81,8 +89,9 @@ def _tuned_config(
     """``config`` with the optimizer and hyperparameters ``--tune`` measured as best."""
     candidates = None if config.optimizer == "auto" else [config.optimizer]
     what = "the rules' candidates" if candidates is None else config.optimizer
-    print(f"tuning {what} ({args.tune_budget} steps)...", flush=True)
-    selection = tune_job(config, corpus, registry, candidates, budget_steps=args.tune_budget)
+    budget = _tune_budget(args, config, auto=candidates is None)
+    print(f"tuning {what} ({budget} steps)...", flush=True)
+    selection = tune_job(config, corpus, registry, candidates, budget_steps=budget)
     print(selection.explain(), flush=True)
     lr, params = run_hyperparameters(selection.hparams)
     return attrs.evolve(config, optimizer=selection.name, lr=lr, optimizer_params=params)
@@ -97,8 +106,9 @@ def _tuned_lrs(
 ) -> dict[str, dict[str, Any]]:
     """``--tune-lr``: each runnable optimizer given without an lr, tuned alone."""
     names = [name for name, lr in entries if lr is None and unavailable(name, registry) is None]
-    print(f"tuning the lr of {', '.join(names)} ({args.tune_budget} steps each)...", flush=True)
-    found = tune_lrs(config, corpus, registry, names, budget_steps=args.tune_budget)
+    budget = _tune_budget(args, config, auto=False)
+    print(f"tuning the lr of {', '.join(names)} ({budget} steps each)...", flush=True)
+    found = tune_lrs(config, corpus, registry, names, budget_steps=budget)
     for name, selection in found.items():
         trial = selection.tuning.trials[0] if selection.tuning else None
         if trial is not None:

@@ -190,14 +190,28 @@ def _add_process_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_tune_budget(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """Add ``--tune-budget`` (optimizer steps of a tune, all candidates together)."""
+def add_tune_budget(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, run_length: bool = False
+) -> None:
+    """Add ``--tune-budget`` (optimizer steps of a tune, all candidates together).
+
+    Args:
+        parser: where to add it.
+        run_length: the command knows the run's ``--steps`` (``train``): the
+            default is then None, resolved per run by the caller.
+    """
+    default = (
+        f"5 x --steps per optimizer whose lr is tuned, so each short run is as long as the "
+        f"run, at least {DEFAULT_TUNE_BUDGET}; {DEFAULT_TUNE_BUDGET} for --optimizer auto"
+        if run_length
+        else str(DEFAULT_TUNE_BUDGET)
+    )
     parser.add_argument(
         "--tune-budget",
         type=int,
         metavar="STEPS",
-        default=DEFAULT_TUNE_BUDGET,
-        help=f"optimizer steps of the tune, all candidates together (default: {DEFAULT_TUNE_BUDGET})",
+        default=None if run_length else DEFAULT_TUNE_BUDGET,
+        help=f"optimizer steps of the tune, all candidates together (default: {default})",
     )
 
 
@@ -214,7 +228,7 @@ def _add_tune_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --compare: tune each optimizer's lr first (those given as NAME=LR keep theirs)",
     )
-    add_tune_budget(tune)
+    add_tune_budget(tune, run_length=True)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

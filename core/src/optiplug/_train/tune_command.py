@@ -30,7 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--candidates",
         metavar="A,B,C",
-        help="optimizers to measure (default: the 3 the pretraining rules rank highest)",
+        help="optimizers to measure (default: those the pretraining rules rank highest, "
+        "one per 750 budget steps, at most 3)",
     )
     add_tune_budget(parser)
     parser.add_argument("--plot", metavar="PATH", help="draw the range tests (loss vs lr)")
