@@ -61,7 +61,8 @@ alternative and decides only where the plugin's rule is absent."""
 
 LION_SCORE = 15.0
 """The pretraining Lion rule: below AdamW's, so it decides only where AdamW is
-missing; ``AutoOptimizer.tune`` measures it as the third candidate."""
+missing; ``AutoOptimizer.tune`` measures it as the third candidate when its
+budget allows three (2250 steps and more)."""
 
 GPT3 = "GPT-3 (Brown et al. 2020, Table 2.1)"
 NANOGPT = "nanoGPT (Karpathy, config/train_shakespeare_char.py: lr 1e-3)"
