@@ -191,6 +191,11 @@ def _step_tensor(value: Any, param: Tensor) -> Tensor:
     return torch.tensor(float(value), dtype=torch.float32, device=param.device)
 
 
+def _decay_factor(lr: float | Tensor, weight_decay: float) -> float:
+    """``1 - lr * weight_decay`` for a float lr; 1.0 for a tensor lr (the kernel computes it)."""
+    return 1.0 if isinstance(lr, Tensor) else 1.0 - float(lr) * weight_decay
+
+
 def _ln(beta: float) -> float:
     """``log(beta)`` for the bias corrections (``-inf`` for 0)."""
     return math.log(beta) if beta > 0 else -math.inf
@@ -206,7 +211,9 @@ class TritonOptimizer(torch.optim.Optimizer):
 
     Subclasses set :attr:`algorithm` and :attr:`kernel_name` and define
     :meth:`_state_columns` (the state tensors of one parameter, in table
-    order, created when missing) and :meth:`_launch_bucket`.
+    order, created when missing) and :meth:`_kernel_arguments` (the update
+    kernel's scalars and flags); :meth:`_before_update` runs any kernel that
+    must precede the update.
 
     Args:
         params: tensors, param-group dicts or ``(name, tensor)`` pairs.
@@ -532,6 +539,19 @@ class TritonOptimizer(torch.optim.Optimizer):
         scale: Tensor | None,
         found: Tensor | None,
     ) -> None:
+        """Run the bucket's pre-launch kernels, then its update kernel (none for no blocks)."""
+        self._before_update(bucket, aux, found)
+        if bucket.num_blocks == 0:
+            return
+        launch, head, amp, constants = self._common(bucket, group, aux, scale, found)
+        scalars, flags = self._kernel_arguments(group)
+        launch(*head, *scalars, *amp, **flags, **constants)
+
+    def _before_update(self, bucket: _Bucket, aux: dict[str, Tensor], found: Tensor | None) -> None:
+        """Kernels that must run before the update, even for a bucket of no blocks (none here)."""
+
+    def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The update kernel's algorithm scalars (after lr) and its algorithm flags."""
         raise NotImplementedError
 
     def _common(
@@ -678,14 +698,8 @@ class _AdamBase(TritonOptimizer):
         vmax = state["max_exp_avg_sq"] if group["amsgrad"] else None
         return [state["exp_avg"], state["exp_avg_sq"], vmax, state["step"]], False
 
-    def _launch_bucket(
-        self,
-        bucket: _Bucket,
-        group: dict[str, Any],
-        aux: dict[str, Tensor],
-        scale: Tensor | None,
-        found: Tensor | None,
-    ) -> None:
+    def _before_update(self, bucket: _Bucket, aux: dict[str, Tensor], found: Tensor | None) -> None:
+        """Advance the ``step`` counters (skipped on ``found_inf``), blocks or not."""
         interpret = bucket.device.type != "cuda"
         step_kernel = kernels.kernel("step", interpret)
         step_grid = (triton_cdiv(bucket.count, kernels.STEP_BLOCK),)
@@ -698,15 +712,11 @@ class _AdamBase(TritonOptimizer):
             HAS_INF=found is not None,
             **_launch_options(interpret, 4),
         )
-        if bucket.num_blocks == 0:
-            return
-        launch, head, amp, constants = self._common(bucket, group, aux, scale, found)
+
+    def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         beta1, beta2 = (float(b) for b in group["betas"])
         weight_decay = float(group["weight_decay"])
-        lr = group["lr"]
-        decay = 1.0 if isinstance(lr, Tensor) else 1.0 - float(lr) * weight_decay
-        launch(
-            *head,
+        scalars = (
             beta2,
             1.0 - beta1,
             1.0 - beta2,
@@ -714,14 +724,15 @@ class _AdamBase(TritonOptimizer):
             _ln(beta2),
             float(group["eps"]),
             weight_decay,
-            decay,
-            *amp,
-            DECOUPLED=self.decoupled,
-            HAS_WD=weight_decay != 0,
-            AMSGRAD=bool(group["amsgrad"]),
-            MAXIMIZE=bool(group["maximize"]),
-            **constants,
+            _decay_factor(group["lr"], weight_decay),
         )
+        flags = {
+            "DECOUPLED": self.decoupled,
+            "HAS_WD": weight_decay != 0,
+            "AMSGRAD": bool(group["amsgrad"]),
+            "MAXIMIZE": bool(group["maximize"]),
+        }
+        return scalars, flags
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -781,31 +792,17 @@ class TritonSGD(TritonOptimizer):
         state["momentum_buffer"] = _conform(buffer, param)
         return [state["momentum_buffer"]], False
 
-    def _launch_bucket(
-        self,
-        bucket: _Bucket,
-        group: dict[str, Any],
-        aux: dict[str, Tensor],
-        scale: Tensor | None,
-        found: Tensor | None,
-    ) -> None:
-        if bucket.num_blocks == 0:
-            return
-        launch, head, amp, constants = self._common(bucket, group, aux, scale, found)
+    def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         momentum = float(group["momentum"])
         weight_decay = float(group["weight_decay"])
-        launch(
-            *head,
-            momentum,
-            1.0 - float(group["dampening"]),
-            weight_decay,
-            *amp,
-            HAS_MOMENTUM=momentum != 0,
-            NESTEROV=bool(group["nesterov"]),
-            HAS_WD=weight_decay != 0,
-            MAXIMIZE=bool(group["maximize"]),
-            **constants,
-        )
+        scalars = (momentum, 1.0 - float(group["dampening"]), weight_decay)
+        flags = {
+            "HAS_MOMENTUM": momentum != 0,
+            "NESTEROV": bool(group["nesterov"]),
+            "HAS_WD": weight_decay != 0,
+            "MAXIMIZE": bool(group["maximize"]),
+        }
+        return scalars, flags
 
 
 class TritonLion(TritonOptimizer):
@@ -829,30 +826,10 @@ class TritonLion(TritonOptimizer):
             state["exp_avg"] = _conform(state["exp_avg"], param)
         return [state["exp_avg"]], False
 
-    def _launch_bucket(
-        self,
-        bucket: _Bucket,
-        group: dict[str, Any],
-        aux: dict[str, Tensor],
-        scale: Tensor | None,
-        found: Tensor | None,
-    ) -> None:
-        if bucket.num_blocks == 0:
-            return
-        launch, head, amp, constants = self._common(bucket, group, aux, scale, found)
+    def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         beta1, beta2 = (float(b) for b in group["betas"])
         weight_decay = float(group["weight_decay"])
-        lr = group["lr"]
-        decay = 1.0 if isinstance(lr, Tensor) else 1.0 - float(lr) * weight_decay
-        launch(
-            *head,
-            beta1,
-            1.0 - beta1,
-            1.0 - beta2,
-            weight_decay,
-            decay,
-            *amp,
-            HAS_WD=weight_decay != 0,
-            MAXIMIZE=bool(group["maximize"]),
-            **constants,
-        )
+        decay = _decay_factor(group["lr"], weight_decay)
+        scalars = (beta1, 1.0 - beta1, 1.0 - beta2, weight_decay, decay)
+        flags = {"HAS_WD": weight_decay != 0, "MAXIMIZE": bool(group["maximize"])}
+        return scalars, flags
