@@ -1,6 +1,6 @@
 """One rank of an FSDP2 (``fully_shard``) run on gloo, driven by tests/test_checkpoint_sharded.py.
 
-Usage: ``python sharded_worker.py SCENARIO RANK WORLD OUT_DIR``. The ranks meet
+Usage: ``python sharded_worker.py RANK WORLD OUT_DIR SCENARIO``. The ranks meet
 through a file store in OUT_DIR (no TCP port to race for); each writes what it
 found to ``OUT_DIR/SCENARIO-rank{RANK}.json`` and the test reads them.
 
@@ -333,7 +333,7 @@ def init(rank: int, world: int, out: Path, name: str) -> None:
 
 
 def main() -> int:
-    scenario, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    rank, world, out, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     run = {"main": scenario_main, "reshard": scenario_reshard, "kill": scenario_kill}[scenario]
     result = run(rank, world, out)
     (out / f"{scenario}{world}-rank{rank}.json").write_text(json.dumps(result))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,34 +27,19 @@ from optiplug.errors import CheckpointError, StateDictError
 WORKER = Path(__file__).with_name("sharded_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import sharded_worker  # noqa: E402
+from rank_processes import run_ranks  # noqa: E402
 
 distributed = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed unavailable"
 )
 
 
-def run_ranks(scenario: str, world: int, out: Path, timeout: float = 120) -> list[tuple[Any, str]]:
-    """Start ``world`` worker processes and wait for them: ``(returncode, stderr)`` per rank."""
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(rank), str(world), str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},  # several ranks share few cores
-        )
-        for rank in range(world)
-    ]
-    deadline = time.monotonic() + timeout
-    results: list[tuple[Any, str]] = []
-    for process in processes:
-        try:
-            _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append((process.returncode, err))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            results.append((None, process.communicate()[1]))
-    return results
+def run_scenario(
+    scenario: str, world: int, out: Path, timeout: float = 120
+) -> list[tuple[int | None, str]]:
+    """Run ``scenario`` on ``world`` worker processes: ``(returncode, stderr)`` per rank."""
+    # several ranks share few cores
+    return run_ranks(WORKER, world, [str(out), scenario], timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 def results(out: Path, scenario: str, world: int) -> list[dict[str, Any]]:
@@ -69,7 +53,7 @@ def results(out: Path, scenario: str, world: int) -> list[dict[str, Any]]:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 2-rank ``main`` run: its checkpoint, damaged copies and each rank's findings."""
     out = tmp_path_factory.mktemp("sharded")
-    outcome = run_ranks("main", 2, out)
+    outcome = run_scenario("main", 2, out)
     assert [code for code, _ in outcome] == [0, 0], outcome
     return out
 
@@ -159,7 +143,7 @@ def test_graph_resumes_fsdp_training_bit_for_bit(two_ranks: Path) -> None:
 @pytest.mark.parametrize("world", [4, 1])
 def test_reshard_two_ranks_to_other_world_sizes(two_ranks: Path, world: int) -> None:
     out = two_ranks
-    outcome = run_ranks("reshard", world, out)
+    outcome = run_scenario("reshard", world, out)
     assert [code for code, _ in outcome] == [0] * world, outcome
     found = results(out, "reshard", world)
     assert all(rank["extra"] == {"step": sharded_worker.SAVE_AT} for rank in found)
@@ -195,7 +179,7 @@ def test_plain_graph_resumes_from_a_sharded_graph_checkpoint(two_ranks: Path) ->
 @distributed
 def test_killed_rank_fails_the_save_and_the_previous_checkpoint_survives(tmp_path: Path) -> None:
     started = time.monotonic()
-    (code0, err0), (code1, _) = run_ranks("kill", 2, tmp_path, timeout=90)
+    (code0, err0), (code1, _) = run_scenario("kill", 2, tmp_path, timeout=90)
     assert time.monotonic() - started < 80
     assert code1 == -9  # rank 1 was killed with its shards written
     assert code0 == 0, err0

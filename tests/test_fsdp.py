@@ -11,9 +11,7 @@ mean over 4 windows x 8 positions, where one process takes the mean over all
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ pytestmark = [
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import fsdp_worker  # noqa: E402
+from rank_processes import run_ranks  # noqa: E402
 
 # Tolerance of float64 FSDP training against one process (3 steps). A gradient
 # element is a sum of at most 64 per-token terms; summed in another order it
@@ -54,25 +53,8 @@ ATOL = 1e-12
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fsdp")
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + 180
-    errors = []
-    for process in processes:
-        try:
-            _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, err = process.communicate()
-        errors.append(err)
-    assert [p.returncode for p in processes] == [0, 0], errors
+    outcome = run_ranks(WORKER, 2, [str(out)], timeout=180)
+    assert [code for code, _ in outcome] == [0, 0], outcome
     found = [torch.load(out / f"results{rank}.pt", weights_only=False) for rank in (0, 1)]
     return {"rank0": found[0], "rank1": found[1]}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,34 +20,14 @@ pytestmark = [
 WORKER = Path(__file__).with_name("ddp_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import ddp_worker  # noqa: E402
+from rank_processes import run_ranks  # noqa: E402
 
 
-def launch(out: Path, steps: int, *extra: str) -> list[subprocess.Popen[str]]:
-    command = [sys.executable, str(WORKER)]
-    return [
-        subprocess.Popen(
-            [*command, str(rank), "2", str(out), str(steps), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-
-
-def wait_all(processes: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int, str]]:
-    deadline = time.monotonic() + timeout
-    results = []
-    for process in processes:
-        try:
-            _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, err = process.communicate()
-            results.append((None, err))
-            continue
-        results.append((process.returncode, err))
-    return results
+def run_two_ranks(
+    out: Path, steps: int, *extra: str, timeout: float
+) -> list[tuple[int | None, str]]:
+    """The DDP worker on 2 ranks: ``(returncode, stderr)`` per rank."""
+    return run_ranks(WORKER, 2, [str(out), str(steps), *extra], timeout)
 
 
 def single_process_reference(
@@ -80,8 +59,8 @@ def test_two_ranks_agree_and_equal_single_process_training(
 ) -> None:
     steps = 12
     clipping = ("--clip", str(clip)) if clip is not None else ()
-    results = wait_all(
-        launch(tmp_path, steps, "--accumulate", str(accumulate), *clipping), timeout=120
+    results = run_two_ranks(
+        tmp_path, steps, "--accumulate", str(accumulate), *clipping, timeout=120
     )
     assert [code for code, _ in results] == [0, 0], results
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
@@ -102,7 +81,7 @@ def test_two_ranks_agree_and_equal_single_process_training(
 
 def test_ranks_agree_on_the_measured_implementation(tmp_path: Path) -> None:
     """Fused and loop SGD differ by an ulp: ranks that chose alone drifted apart."""
-    results = wait_all(launch(tmp_path, 2), timeout=120)
+    results = run_two_ranks(tmp_path, 2, timeout=120)
     assert [code for code, _ in results] == [0, 0], results
     choice0, choice1 = (json.loads((tmp_path / f"choice{r}.json").read_text()) for r in (0, 1))
     assert choice0["graph_impl"] == choice1["graph_impl"]
@@ -117,7 +96,7 @@ def test_ranks_agree_on_the_measured_implementation(tmp_path: Path) -> None:
 
 def test_killed_rank_fails_the_job_cleanly_and_last_checkpoint_loads(tmp_path: Path) -> None:
     started = time.monotonic()
-    results = wait_all(launch(tmp_path, 1000, "--die-after", "6", "--save-every", "3"), timeout=90)
+    results = run_two_ranks(tmp_path, 1000, "--die-after", "6", "--save-every", "3", timeout=90)
     elapsed = time.monotonic() - started
     (code0, err0), (code1, _) = results
     assert code1 == -9  # rank 1 was killed

@@ -12,9 +12,7 @@ import collections
 import json
 import math
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from optiplug_muon.report import assign_owners, newton_schulz_cost, row_ranges
 WORKER = Path(__file__).with_name("muon_fsdp_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import muon_fsdp_worker as worker  # noqa: E402
+from rank_processes import run_ranks  # noqa: E402
 
 WORLD = 2  # the full run; the 4-rank run trains muon only
 needs_distributed = pytest.mark.skipif(
@@ -40,25 +39,8 @@ needs_distributed = pytest.mark.skipif(
 
 def spawn(world: int, out: Path, *extra: str) -> dict[str, Any]:
     """Run the worker on ``world`` ranks; its results.json, plus where its files are."""
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(world), str(out), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    deadline = time.monotonic() + 150
-    failures = []
-    for process in processes:
-        try:
-            _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, err = process.communicate()
-        if process.returncode != 0:
-            failures.append(err[-4000:])
+    outcome = run_ranks(WORKER, world, [str(out), *extra], timeout=150)
+    failures = [err[-4000:] for code, err in outcome if code != 0]
     assert not failures, "\n".join(failures)
     results: dict[str, Any] = json.loads((out / "results.json").read_text())
     results["out"] = out

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank_processes import run_ranks
 
 import optiplug
 from optiplug._auto import tune as tune_module
@@ -295,18 +296,9 @@ def test_graph_tune_optimizer_without_batches_needs_a_loader() -> None:
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_ranks_agree_on_the_tuned_choice(tmp_path: Path) -> None:
     worker = Path(__file__).with_name("tune_worker.py")
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(rank), "2", str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    for process in processes:
-        _, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
+    # two ranks, 120 s each as before (waited one after the other)
+    outcome = run_ranks(worker, 2, [str(tmp_path)], timeout=240)
+    assert [code for code, _ in outcome] == [0, 0], outcome
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert reports[0] == reports[1]
     assert reports[0]["group_lr"] == pytest.approx(reports[0]["lr"])
