@@ -218,7 +218,9 @@ def _public_objects() -> list[tuple[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize(("path", "obj"), _public_objects(), ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("path", "obj"), [pytest.param(*found, id=found[0]) for found in _public_objects()]
+)
 def test_every_public_name_reports_its_public_module(path: str, obj: Any) -> None:
     module = path.rpartition(".")[0]
     assert obj.__module__ == module, f"{path} reports {obj.__module__}"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
+from rounding import assert_within_rounding, identity_order
 
 from optiplug._graph.graph import Graph
 from optiplug.errors import HyperparameterError
@@ -54,15 +56,25 @@ def graph_run(
     return [p.detach().clone() for p in graph.parameters()], norms
 
 
-def torch_run(steps: int, *, batch: int = 8) -> tuple[list[torch.Tensor], list[float]]:
-    """The same by hand: backward, clip_grad_norm_, step."""
-    net = model()
+def torch_run(
+    steps: int,
+    *,
+    batch: int = 8,
+    dtype: torch.dtype = torch.float32,
+    order: Callable[[int], torch.Tensor] = identity_order,
+) -> tuple[list[torch.Tensor], list[float]]:
+    """The same by hand: backward, clip_grad_norm_, step.
+
+    ``dtype`` and ``order`` (a permutation of each batch's rows) change only
+    the rounding; :mod:`rounding` measures tolerances from them.
+    """
+    net = model().to(dtype)
     optimizer = sgd(net.named_parameters())
-    x, y = data()
+    x, y = (t.to(dtype) for t in data())
     norms = []
     for step in range(steps):
-        xs, ys = x[step * batch : (step + 1) * batch], y[step * batch : (step + 1) * batch]
-        torch.nn.functional.mse_loss(net(xs), ys).backward()
+        rows = step * batch + order(batch)
+        torch.nn.functional.mse_loss(net(x[rows]), y[rows]).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), MAX_NORM)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -81,13 +93,19 @@ def test_graph_clipping_is_bit_identical_to_clip_grad_norm_by_hand() -> None:
 
 def test_accumulation_clips_once_on_the_accumulated_gradient() -> None:
     # 2 micro-batches of 4 = one batch of 8: the mean of the two half-batch means
-    # is the full mean up to float rounding, and so is its norm. Clipping each
+    # is the full mean summed in another order, and so is its norm (equal up to
+    # the float32 rounding spread, measured by tests/rounding.py). Clipping each
     # micro-batch's gradient instead would give a different update.
     accumulated, norms = graph_run(6, accumulate=2)
-    single, single_norms = graph_run(6, accumulate=1)
-    for p, q in zip(accumulated, single, strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert norms == pytest.approx(single_norms, rel=1e-5)
+    assert_within_rounding(
+        accumulated,
+        lambda dtype, order: torch_run(6, dtype=dtype, order=order)[0],
+        start=list(model().parameters()),
+    )
+    assert_within_rounding(
+        [torch.tensor(norms)],
+        lambda dtype, order: [torch.tensor(torch_run(6, dtype=dtype, order=order)[1])],
+    )
 
 
 def test_fp16_unscales_before_clipping() -> None:
