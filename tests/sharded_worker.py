@@ -20,6 +20,9 @@ Scenarios:
 - ``kill`` (2 ranks): save a good checkpoint at step 2, then at step 4 rank 1
   kills itself (SIGKILL) after writing its shards, before the ranks agree;
   rank 0 reports how its save failed and how long that took.
+- ``kill0`` (2 ranks): save a good checkpoint at step 2, then at step 4 rank 0
+  kills itself (SIGKILL) right after moving the new checkpoint into place,
+  before it tells rank 1; rank 1 reports how its save failed.
 """
 
 from __future__ import annotations
@@ -322,6 +325,24 @@ def scenario_kill(rank: int, world: int, out: Path) -> dict[str, Any]:
     return outcome
 
 
+def scenario_kill0(rank: int, world: int, out: Path) -> dict[str, Any]:
+    init(rank, world, out, "kill0")
+    model, optimizer = (m := shard(build(0))), adamw(m)
+    train(model, optimizer, 0, 2, rank)
+    first = checkpoint.save_sharded(out / "good", model, optimizer, step=2)
+    train(model, optimizer, 2, 4, rank)
+    if rank == 0:  # die once the new checkpoint is installed, before rank 1 hears of it
+        install = sharded._install
+
+        def die(*args: Any, **kwargs: Any) -> None:
+            install(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        sharded._install = die
+    outcome = attempt(lambda: checkpoint.save_sharded(out / "good", model, optimizer, step=4))
+    return {**outcome, "previous": first.checkpoint_id}
+
+
 def init(rank: int, world: int, out: Path, name: str) -> None:
     torch.distributed.init_process_group(
         "gloo",
@@ -334,11 +355,16 @@ def init(rank: int, world: int, out: Path, name: str) -> None:
 
 def main() -> int:
     rank, world, out, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-    run = {"main": scenario_main, "reshard": scenario_reshard, "kill": scenario_kill}[scenario]
+    run = {
+        "main": scenario_main,
+        "reshard": scenario_reshard,
+        "kill": scenario_kill,
+        "kill0": scenario_kill0,
+    }[scenario]
     result = run(rank, world, out)
     (out / f"{scenario}{world}-rank{rank}.json").write_text(json.dumps(result))
     sys.stdout.flush()
-    if scenario == "kill":  # the group lost a rank: leave without tearing it down
+    if scenario in ("kill", "kill0"):  # the group lost a rank: leave without tearing it down
         os._exit(0)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

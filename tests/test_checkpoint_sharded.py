@@ -3,7 +3,8 @@
 The multi-process tests run tests/sharded_worker.py as gloo process groups on
 the CPU: one 2-rank run does the resume, damaged-file, mismatch, NaN and
 Graph checks; 4-rank and 1-rank runs reshard its checkpoint; a 2-rank run
-loses a rank to SIGKILL mid-save. The rest runs in this process, without
+loses a rank to SIGKILL mid-save, another loses rank 0 right after its
+commit. The rest runs in this process, without
 ``torch.distributed``.
 """
 
@@ -195,6 +196,26 @@ def test_killed_rank_fails_the_save_and_the_previous_checkpoint_survives(tmp_pat
     checkpoint.load_sharded(tmp_path / "good", model, optimizer)
     expected = torch.load(tmp_path / "good.pt", weights_only=True)
     assert_same(sharded_worker.full_values(model, optimizer), expected)
+
+
+@pytest.mark.slow
+@distributed
+def test_a_survivor_of_rank_0_dying_after_the_commit_says_the_save_was_committed(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 is killed right after installing the new checkpoint: rank 1 says it is there."""
+    (code0, _), (code1, err1) = run_scenario("kill0", 2, tmp_path, timeout=90)
+    assert code0 == -9  # rank 0 was killed with the new checkpoint in place
+    assert code1 == 0, err1
+    found = json.loads((tmp_path / "kill02-rank1.json").read_text())
+    info = checkpoint.verify(tmp_path / "good")
+    assert info.extra == {"step": 4} and info.problems == ()
+    assert info.checkpoint_id != found["previous"]
+    message = found["message"]
+    assert found["type"] == "CheckpointError"
+    assert "nothing was committed" not in message, message
+    assert "was committed" in message and info.checkpoint_id in message, message
+    assert str(tmp_path / "good") in message
 
 
 # ------------------------------------------------------------------ one process

@@ -775,3 +775,89 @@ def test_long_checkpoint_names_save_and_replace(tmp_path: Path, name: str) -> No
     assert checkpoint.verify(path).checkpoint_id == second.checkpoint_id != first.checkpoint_id
     checkpoint.export_torch(tmp_path / (name[:-3] + ".pt"), make_adam())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, name[:-3] + ".pt"])
+
+
+# ------------------------------------------------------------------ sharded manifest
+
+
+@pytest.fixture
+def sharded(tmp_path: Path) -> tuple[Path, torch.nn.Module, torch.optim.Optimizer]:
+    """A sharded checkpoint saved in this process, with its model and optimizer."""
+    model = torch.nn.Linear(4, 3)
+    optimizer = optiplug.create("adamw", list(model.named_parameters()), lr=0.01)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    path = tmp_path / "sharded"
+    checkpoint.save_sharded(path, model, optimizer)
+    return path, model, optimizer
+
+
+def test_a_missing_manifest_is_named_by_verify_check_and_load_alike(
+    sharded: tuple[Path, torch.nn.Module, torch.optim.Optimizer],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without ``manifest.json`` every reader names the manifest, not the commit marker."""
+    path, model, optimizer = sharded
+    (path / "manifest.json").unlink()
+    manifest = str(path / "manifest.json")
+    with pytest.raises(CheckpointError) as verified:
+        checkpoint.verify(path)
+    with pytest.raises(CheckpointError) as loaded:
+        checkpoint.load_sharded(path, model, optimizer)
+    status, out, err = run_check(path, capsys)
+    for message in (str(verified.value), str(loaded.value), out + err):
+        assert manifest in message and "no such file" in message.lower(), message
+        assert "not an optiplug commit marker" not in message, message
+    assert status != 0
+    graph = optiplug.Graph(model)
+    graph.set_optimizer("adamw", lr=0.01)
+    with pytest.raises(CheckpointError, match=re.escape(manifest)):
+        graph.load(path)
+
+
+# ------------------------------------------------------------------ export_torch on a full disk
+
+_EXPORT_FULL_DISK = textwrap.dedent(
+    """
+    import json, resource, sys
+    import torch, optiplug
+    from optiplug import checkpoint
+    from optiplug.errors import OptiplugError
+
+    path = sys.argv[1]
+    params = [torch.nn.Parameter(torch.ones(256, 256)) for _ in range(2)]
+    optimizer = optiplug.create("adam", params, impl="loop", lr=0.01)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        checkpoint.export_torch(path, optimizer)
+    except BaseException as error:
+        print(json.dumps([type(error).__name__, str(error), isinstance(error, OptiplugError)]))
+    else:
+        print(json.dumps(["saved", "", False]))
+    """
+)
+
+
+def test_export_torch_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previous(
+    tmp_path: Path,
+) -> None:
+    """As for ``save``: a write the file system refuses is a CheckpointError, no file half-written."""
+    path = tmp_path / "opt.pt"
+    checkpoint.export_torch(path, make_adam())
+    before = path.read_bytes()
+    child = subprocess.run(
+        [sys.executable, "-c", _EXPORT_FULL_DISK, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    kind, message, typed = json.loads(child.stdout)
+    assert (kind, typed) == ("CheckpointError", True), message
+    assert "file too large" in message.lower() and str(path) in message
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["opt.pt"]

@@ -388,6 +388,63 @@ def test_a_wrong_group_count_still_reports_moment_and_dtype_problems() -> None:
     assert {"group-count", "negative", "dtype"} <= kinds
 
 
+def _duplicated_group_dict(named: bool, grouped: bool) -> tuple[torch.optim.Optimizer, Any]:
+    """A stepped Adam whose state dict lists its first group twice and has damaged slots.
+
+    The first parameter's ``exp_avg_sq`` is negative and its ``exp_avg`` is half precision.
+    """
+    params = _named(((3, 2), (3,), (2,)))
+    listed: Any = params if named else [p for _, p in params]
+    if grouped:
+        listed = [{"params": listed[:2]}, {"params": listed[2:]}]
+    optimizer = _stepped(optiplug.create("adam", listed, amsgrad=True))
+    sd = copy.deepcopy(optimizer.state_dict())
+    sd["param_groups"].append(copy.deepcopy(sd["param_groups"][0]))
+    entry = sd["state"][0]
+    entry["exp_avg_sq"] = torch.full_like(entry["exp_avg_sq"], -1.0)
+    entry["exp_avg"] = entry["exp_avg"].half()
+    return optimizer, sd
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-group", "two-groups"])
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+def test_a_duplicated_param_group_still_reports_every_slot_problem(
+    named: bool, grouped: bool
+) -> None:
+    """A repeated group is reported with the damaged slots of the parameters it lists."""
+    optimizer, sd = _duplicated_group_dict(named, grouped)
+    label = "0.weight" if named else "#0"
+    problems = optiplug.validate_state_dict(optimizer, sd)
+    found = {(p.parameter, p.slot, p.kind) for p in problems}
+    assert {"group-count", "duplicate-id"} <= _kinds(problems)
+    assert (label, "exp_avg_sq", "negative") in found, found
+    assert (label, "exp_avg", "dtype") in found, found
+    assert len(problems) == len(set(problems)), problems
+    before = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(StateDictError) as raised:
+        optimizer.load_state_dict(sd)
+    assert sorted(raised.value.problems) == sorted(problems)
+    assert "exp_avg_sq" in str(raised.value) and "dtype" in str(raised.value)
+    assert _same(_flatten(optimizer.state_dict()), _flatten(before))
+
+
+def test_a_duplicated_route_group_reports_each_slot_problem_once() -> None:
+    """In ``multi``, a repeated group of a route still shows its damaged slots, each once."""
+    multi = _multi()
+    sd = copy.deepcopy(multi.state_dict())
+    sd["param_groups"].append(copy.deepcopy(sd["param_groups"][0]))
+    entry = sd["state"][0]
+    entry["exp_avg_sq"] = torch.full_like(entry["exp_avg_sq"], -1.0)
+    entry["exp_avg"] = entry["exp_avg"].half()
+    error, problems = _refused(multi, sd)
+    found = [(p.parameter, p.slot, p.kind) for p in problems]
+    assert ("0.weight", "adam/exp_avg_sq", "negative") in found, found
+    assert ("0.weight", "adam/exp_avg", "dtype") in found, found
+    assert "duplicate-id" in _kinds(problems)
+    assert len(found) == len(set(found)), found
+    assert list(error.problems) == problems
+
+
 # ------------------------------------------------------------------ defect 16
 class _BadFloat:
     def __float__(self) -> float:

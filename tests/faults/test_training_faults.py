@@ -225,6 +225,134 @@ def test_train_cli_huge_lr_exits_2_with_one_line(
     assert not (tmp_path / "run").exists()
 
 
+# ---------------------------------------------------------------- buffers
+def batchnorm_graph(accumulate: int = 1, seed: int = 0) -> Graph:
+    """Linear then BatchNorm1d (running statistics updated by every training forward), adamw."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    graph = Graph(module, accumulate=accumulate)
+    graph.set_optimizer("adamw", lr=1e-2)
+    return graph
+
+
+def batchnorm_step(graph: Graph, x: torch.Tensor) -> bool:
+    """One micro-batch through the module in training mode, its loss, backward and step."""
+    graph.backward(graph.model(x).pow(2).mean())
+    return graph.step()
+
+
+def buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in module.named_buffers()}
+
+
+def assert_same_buffers(one: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> None:
+    assert one.keys() == other.keys()
+    for name, value in one.items():
+        assert value.dtype == other[name].dtype and torch.equal(value, other[name]), name
+
+
+GOOD = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+POISONED = GOOD.clone().index_fill_(0, torch.tensor([3]), math.nan)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_nonfinite_batch_leaves_the_running_statistics_as_they_were(
+    tmp_path: Path, policy: str, accumulate: int
+) -> None:
+    """A failed or skipped step puts back the buffers its forward passes changed."""
+    graph = batchnorm_graph(accumulate)
+    graph.set_nonfinite_policy(policy)
+    for _ in range(accumulate):
+        batchnorm_step(graph, GOOD)
+    graph.save(tmp_path / "ckpt")
+    before, kept = buffers(graph.module), snapshot(graph)
+    if accumulate == 2:
+        assert not batchnorm_step(graph, GOOD)  # a good micro-batch, then a NaN one
+    if policy == "stop":
+        with pytest.raises(GraphError, match="nothing was applied"):
+            batchnorm_step(graph, POISONED)
+    else:
+        assert not batchnorm_step(graph, POISONED) and graph.skipped_steps == 1
+    assert_same_buffers(before, buffers(graph.module))
+    after = snapshot(graph)
+    if policy == "skip":  # a skipped accumulation still counts its micro-batches
+        assert after["counters"][1] == kept["counters"][1] + accumulate
+        after["counters"] = kept["counters"]
+    assert_same(kept, after)
+    graph.save(tmp_path / "ckpt")
+    restored = batchnorm_graph(accumulate, seed=1)
+    restored.load(tmp_path / "ckpt")
+    assert_same_buffers(before, buffers(restored.module))
+    restored.module.eval()
+    assert torch.isfinite(restored.module(GOOD)).all()
+
+
+def test_save_refuses_buffers_a_forward_made_nonfinite_and_keeps_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A buffer that training made NaN (here by a forward outside any step) is not saved."""
+    graph = batchnorm_graph()
+    batchnorm_step(graph, GOOD)
+    graph.save(tmp_path / "ckpt")
+    good = checkpoint.verify(tmp_path / "ckpt").checkpoint_id
+    with torch.no_grad():
+        graph.model(POISONED)  # updates the running statistics, no step to undo it
+    with pytest.raises(GraphError, match=r"buffer '1\.running_mean' holds NaN or inf.*untouched"):
+        graph.save(tmp_path / "ckpt")
+    assert checkpoint.verify(tmp_path / "ckpt").checkpoint_id == good
+
+
+def test_load_refuses_nonfinite_buffers_before_changing_anything(tmp_path: Path) -> None:
+    """A checkpoint whose running statistics hold NaN (as older saves wrote) is refused."""
+    donor = batchnorm_graph()
+    batchnorm_step(donor, GOOD)
+    donor.save(tmp_path / "good")
+    stored = json.loads((tmp_path / "good" / "metadata.json").read_text())["extra"]["graph"]
+    tensors = {f"model/{k}": v for k, v in donor.module.state_dict().items()}
+    tensors["model/1.running_mean"] = torch.full((4,), math.nan)
+    tensors["rng/torch_cpu"] = torch.get_rng_state()
+    checkpoint.save(tmp_path / "bad", donor.optimizer, tensors=tensors, graph=stored)
+    graph = batchnorm_graph(seed=2)
+    batchnorm_step(graph, GOOD)
+    before, kept = buffers(graph.module), snapshot(graph)
+    with pytest.raises(
+        CheckpointError, match=r"NaN or inf in 1\.running_mean.*nothing was changed"
+    ):
+        graph.load(tmp_path / "bad")
+    assert_same_buffers(before, buffers(graph.module))
+    assert_same(kept, snapshot(graph))
+
+
+class Masked(torch.nn.Module):
+    """A linear layer behind a causal mask buffer that holds -inf from construction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("mask", torch.full((4, 4), -math.inf).triu(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.linear(x).unsqueeze(-1) + self.mask
+        return torch.softmax(scores, dim=-1).sum(dim=-1)
+
+
+def test_a_buffer_that_holds_inf_from_construction_saves_and_loads(tmp_path: Path) -> None:
+    """Only what training made non-finite is refused: a -inf mask buffer round-trips."""
+    torch.manual_seed(0)
+    graph = Graph(Masked())
+    graph.set_optimizer("adamw", lr=1e-2)
+    graph.backward(graph.model(GOOD).pow(2).mean())
+    assert graph.step()
+    graph.save(tmp_path / "ckpt")
+    torch.manual_seed(1)
+    restored = Graph(Masked())
+    restored.set_optimizer("adamw", lr=1e-2)
+    restored.load(tmp_path / "ckpt")
+    assert_same_buffers(buffers(graph.module), buffers(restored.module))
+    assert restored.training_step == 1
+
+
 # ---------------------------------------------------------------- defect 5
 def _craft(
     source: Path, target: Path, edit: Callable[[dict[str, Any], dict[str, Any]], None]

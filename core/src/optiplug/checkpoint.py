@@ -32,6 +32,7 @@ between saving and loading. :func:`verify` reads both kinds.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Mapping
@@ -605,13 +606,29 @@ def export_torch(path: PathLike, optimizer: Any) -> None:
 
     The file loads with ``torch.load(path, weights_only=True)`` into plain
     torch (``torch.optim.AdamW.load_state_dict``) or with :func:`import_torch`.
+    The state is serialised in memory first (as :func:`save` does), then
+    written, so a write the file system refuses is an ``OSError`` with its
+    reason rather than torch's stream-writer failure.
 
     Args:
         path: the file to write (replaced atomically if it exists).
         optimizer: any ``torch.optim.Optimizer``.
+
+    Raises:
+        CheckpointError: the file system refused (no space left, file too
+            large, read-only...); ``path`` is unchanged and no temporary is left.
     """
-    state_dict = optimizer.state_dict()
-    write_atomic_file(Path(path), lambda temporary: torch.save(state_dict, temporary))
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    data = buffer.getbuffer()
+    write_atomic_file(Path(path), lambda temporary: _write_all(temporary, data))
+
+
+def _write_all(path: Path, data: memoryview) -> None:
+    """Write ``data`` to the existing file ``path`` (a short write is an ``OSError``)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
 
 
 def import_torch(path: PathLike, optimizer: Any, *, strict: bool = True) -> list[Problem]:

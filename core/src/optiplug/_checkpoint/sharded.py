@@ -20,7 +20,9 @@ fsyncs; each rank hashes the files it wrote; a gather (the barrier that
 confirms every rank finished) brings the hashes to rank 0, which writes the
 manifest and then the marker, and renames the directory into place. A rank
 that dies (or fails) before that leaves no marker and an earlier checkpoint
-at ``NAME`` untouched.
+at ``NAME`` untouched. Every rank knows the save's checkpoint id, so a rank
+whose save fails once rank 0 may have committed (rank 0 died right after the
+rename, say) reads the marker at ``NAME`` and says which checkpoint is there.
 
 Loading: every rank reads the marker and manifest, hashes its share of the
 files, checks the target's keys, shapes and dtypes against DCP's index, reads
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -158,15 +161,27 @@ def _from_rank0(value: _T) -> _T:
     return box[0]  # type: ignore[no-any-return]
 
 
-def _collective(path: Path, action: str, call: Callable[[], _T]) -> _T:
-    """Run a collective step; a rank that died or timed out becomes a :class:`CheckpointError`."""
+def _collective(
+    path: Path, action: str, call: Callable[[], _T], on_disk: Callable[[], str] | None = None
+) -> _T:
+    """Run a collective step; a rank that died or timed out becomes a :class:`CheckpointError`.
+
+    Args:
+        path: the checkpoint, for the message.
+        action: ``"saving"`` or ``"loading"``.
+        call: the collective.
+        on_disk: once the failure is known, says what ``path`` holds now
+            (a save whose rank 0 may have committed before the failure);
+            None: nothing can have been committed.
+    """
     try:
         return call()
     except (RuntimeError, CheckpointException) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        outcome = on_disk() if on_disk is not None else "nothing was committed"
         message = (
             f"{action} {path} failed on rank {_rank()}: another rank failed or stopped "
-            f"answering ({first[:300]}); nothing was committed"
+            f"answering ({first[:300]}); {outcome}"
         )
         raise CheckpointError(message) from None
 
@@ -184,8 +199,21 @@ def uses_dtensors(module: torch.nn.Module) -> bool:
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a sharded checkpoint directory (it holds ``manifest.json``)."""
-    return os.path.lexists(Path(path) / MANIFEST)
+    """Whether ``path`` is a sharded checkpoint directory.
+
+    It is when it holds ``manifest.json``, or when its commit marker is a
+    sharded checkpoint's (the manifest then went missing, and reading it as
+    one names the manifest instead of calling the marker foreign).
+    """
+    path = Path(path)
+    return os.path.lexists(path / MANIFEST) or _marker_format(path) == FORMAT
+
+
+def _marker_format(path: Path) -> str | None:
+    """The ``format`` field of the commit marker at ``path``, or None when it has none to read."""
+    marker = _read_marker_quietly(path)
+    value = marker.get("format") if marker is not None else None
+    return value if isinstance(value, str) else None
 
 
 # ----------------------------------------------------------------- checks
@@ -265,7 +293,9 @@ def save_sharded(
             inf, an invalid optimizer state); nothing was written.
         CheckpointError: ``path`` holds something other than a checkpoint,
             the file system refused, or a rank failed or died; no marker was
-            written and an earlier checkpoint at ``path`` is unchanged.
+            written and an earlier checkpoint at ``path`` is unchanged, unless
+            rank 0 had committed before the failure: the message then says
+            ``path`` holds this save's new checkpoint.
     """
     path = Path(path)
     _json_ready("extra data", dict(extra or {}))
@@ -286,17 +316,21 @@ def save_sharded(
             "so nothing was written (an earlier checkpoint there is unchanged)"
         )
         raise StateDictError(found, header=header)
-    staging = _prepare_staging(path)
+    staging, checkpoint_id = _prepare_staging(path)
     published = False
+    on_disk = functools.partial(_on_disk, path, checkpoint_id)
     try:
         own, error, count = _write_shards(path, staging, model_state, optimizer_state)
         record = _record(model, optimizer, optimizer_state, extra, per_rank, had_state)
-        outcomes = _collective(path, "saving", lambda: _gather((own, error, record["rank"])))
+        outcomes = _collective(
+            path, "saving", lambda: _gather((own, error, record["rank"])), on_disk
+        )
         errors = [text for _, text, _ in outcomes if text is not None]
         manifest: dict[str, Any] | None = None
         outcome: str | None = "; ".join(errors) or None
         if _rank() == 0 and outcome is None:
             manifest = {**record["manifest"], "ranks": [data for _, _, data in outcomes]}
+            manifest["checkpoint_id"] = checkpoint_id
             manifest["tensor_count"] = count
             manifest["files"] = {
                 name: info for files, _, _ in outcomes for name, info in files.items()
@@ -304,7 +338,7 @@ def save_sharded(
             outcome = _publish(path, staging, manifest)
             published = outcome is None
         final = (outcome, manifest)
-        outcome, manifest = _collective(path, "saving", lambda: _from_rank0(final))
+        outcome, manifest = _collective(path, "saving", lambda: _from_rank0(final), on_disk)
     finally:
         if _rank() == 0 and not published:
             _discard(staging, MARKER)
@@ -313,9 +347,16 @@ def save_sharded(
     return manifest
 
 
-def _prepare_staging(path: Path) -> Path:
-    """Rank 0 creates the staging directory; every rank learns its name (or rank 0's error)."""
-    result: tuple[str | None, str | None] = (None, None)
+def _prepare_staging(path: Path) -> tuple[Path, str]:
+    """Rank 0 creates the staging directory and the save's checkpoint id; every rank learns both.
+
+    Every rank knowing the id lets a rank whose save failed after rank 0 may
+    have committed tell, from the marker at ``path``, whether it did.
+
+    Raises:
+        CheckpointError: rank 0 could not create it (its error, on every rank).
+    """
+    result: tuple[str | None, str] = (None, f"cannot save {path}")
     if _rank() == 0:
         try:
             check_replaceable(path, _allowed(path))
@@ -323,15 +364,48 @@ def _prepare_staging(path: Path) -> Path:
             remove_stale_staging(path, marker=MARKER)
             staging = tempfile.mkdtemp(prefix=_staging_prefix(path), dir=path.parent)
             os.chmod(staging, _DIRECTORY_MODE)
-            result = (staging, None)
+            result = (staging, uuid.uuid4().hex)
         except CheckpointError as error:
             result = (None, str(error))
         except OSError as error:
             result = (None, f"cannot save {path}: {_reason(error)}; nothing was changed there")
-    staging_name, error_text = _collective(path, "saving", lambda: _from_rank0(result))
+    staging_name, text = _collective(path, "saving", lambda: _from_rank0(result))
     if staging_name is None:
-        raise CheckpointError(error_text or f"cannot save {path}")
-    return Path(staging_name)
+        raise CheckpointError(text)
+    return Path(staging_name), text
+
+
+def _on_disk(path: Path, checkpoint_id: str) -> str:
+    """What ``path`` holds now, said for a save of ``checkpoint_id`` whose ranks lost touch.
+
+    Rank 0 may have committed (installed the directory with its marker) just
+    before the failure; the marker at ``path`` tells whether it did.
+    """
+    marker = _read_marker_quietly(path)
+    found = marker.get("checkpoint_id") if marker is not None else None
+    if marker is not None and marker.get("format") == FORMAT and found == checkpoint_id:
+        return (
+            f"yet this save was committed (rank 0 installed it before the failure): {path} "
+            f"holds its new checkpoint {checkpoint_id}; check it with optiplug check before "
+            "relying on it"
+        )
+    if isinstance(found, str) and found:
+        return f"nothing was committed: {path} still holds the previous checkpoint {found}"
+    if not os.path.lexists(path):
+        return f"nothing was committed: there is no checkpoint at {path}"
+    return f"nothing was committed: {path} has no readable commit marker"
+
+
+def _read_marker_quietly(path: Path) -> dict[str, Any] | None:
+    """The parsed commit marker at ``path``, or None when there is none to read."""
+    try:
+        with OpenDirectory(path) as directory:
+            if not directory.has(MARKER):
+                return None
+            data = directory.read(MARKER, "commit marker", _MARKER_LIMIT)
+        return parse_object(data, path / MARKER)
+    except CheckpointError:
+        return None
 
 
 def _allowed(path: Path) -> set[str]:
@@ -473,7 +547,6 @@ def _publish(path: Path, staging: Path, manifest: dict[str, Any]) -> str | None:
         if unowned or DCP_METADATA not in listed:
             found = ", ".join(unowned) or f"no {DCP_METADATA}"
             return f"unexpected files after the save ({found}); {unfinished}"
-        manifest["checkpoint_id"] = uuid.uuid4().hex
         text = json.dumps(manifest, indent=1).encode("utf-8")
         write_durable(staging / MANIFEST, text)
         marker = {

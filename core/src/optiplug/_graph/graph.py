@@ -52,6 +52,7 @@ from .._schedules.base import Schedule
 from .._state.memory import memory_report
 from ..checkpoint import extra_tensors, load_stored
 from ..errors import CheckpointError, GraphError, HyperparameterError
+from .buffers import BufferKeeper
 from .finite import (
     NONFINITE_POLICIES,
     all_finite,
@@ -156,6 +157,12 @@ class Graph:
     before anything is applied (see :meth:`set_nonfinite_policy` to skip such
     batches instead), and so does a step that leaves a parameter or the
     optimizer state non-finite; :meth:`save` refuses a non-finite state.
+    "Nothing is applied" covers the module's buffers too: the buffers its
+    forward passes updated (BatchNorm's running statistics) are put back as
+    they were after the last optimizer step, so the Graph keeps a copy of
+    its persistent buffers. A buffer that already held NaN or inf when the
+    Graph got the module (a ``-inf`` mask) may keep doing so; any other
+    non-finite buffer is refused by :meth:`save` and :meth:`load`.
 
     Raises:
         HyperparameterError: a bad ``accumulate``, ``precision``, ``parallel``
@@ -193,6 +200,7 @@ class Graph:
         self.precision = precision
         self.module = module.to(self.device)
         self.model = self._wrap(self.module)
+        self._buffers = BufferKeeper(self.module)  # as of the last step: a failed one's undo
         self.accumulate = accumulate
         self.seed = seed
         self.optimizer: torch.optim.Optimizer | None = None
@@ -472,13 +480,15 @@ class Graph:
 
         ``"stop"`` (the default): :meth:`backward` or :meth:`step` raises
         :class:`GraphError` before anything is applied, so the parameters, the
-        optimizer state and ``training_step`` are those of the last step.
-        ``"skip"``: the optimizer step of that batch (of its whole accumulation)
-        is skipped, as fp16 gradient scaling skips one: :meth:`step` returns
-        False, the gradients are dropped, neither ``training_step`` nor the
-        schedule advances, and :attr:`skipped_steps` counts it. Under either
-        policy, a step that leaves a parameter or the optimizer state
-        non-finite (an update that overflowed) raises, since it cannot be undone.
+        optimizer state, the module's buffers and ``training_step`` are those
+        of the last step. ``"skip"``: the optimizer step of that batch (of its
+        whole accumulation) is skipped, as fp16 gradient scaling skips one:
+        :meth:`step` returns False, the gradients are dropped, the buffers
+        the accumulation's forward passes changed are put back, neither
+        ``training_step`` nor the schedule advances, and :attr:`skipped_steps`
+        counts it. Under either policy, a step that leaves a parameter or the
+        optimizer state non-finite (an update that overflowed) raises, since
+        it cannot be undone.
 
         Args:
             policy: ``"stop"`` or ``"skip"``.
@@ -545,11 +555,12 @@ class Graph:
         return bool(flag)
 
     def _drop_accumulation(self) -> None:
-        """Forget this accumulation: zero the gradients, rewind the micro-step counter."""
+        """Forget this accumulation: zero the gradients, put the buffers back, rewind the counter."""
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self._parallel == "fsdp":  # and those FSDP kept unsharded, unsynchronised
             discard_unsynced_gradients(self.module)
+        self._buffers.restore()
         self._micro_step -= self._micro_step % self.accumulate
         self._skip_pending = False
 
@@ -579,6 +590,7 @@ class Graph:
             return self._skip(optimizer)
         self._apply_lr()
         stepped = self._optimizer_step(optimizer)
+        self._buffers.keep()  # the forwards' buffer updates belong to this step now
         optimizer.zero_grad(set_to_none=True)
         if stepped:
             self._training_step += 1
@@ -613,6 +625,7 @@ class Graph:
         optimizer.zero_grad(set_to_none=True)
         if self._parallel == "fsdp":
             discard_unsynced_gradients(self.module)
+        self._buffers.restore()
         self._skip_pending = False
         self._skipped += 1
         self._consecutive_skips += 1
@@ -904,16 +917,17 @@ class Graph:
         position, GradScaler) and every rank's own RNG states.
 
         Raises:
-            GraphError: no optimizer set, or a parameter or the optimizer state
-                holds NaN or inf (on any rank, under FSDP; nothing is written:
-                a checkpoint already at ``path`` is untouched).
+            GraphError: no optimizer set, or a parameter, the optimizer state
+                or a buffer that training made non-finite holds NaN or inf (on
+                any rank under ``torch.distributed``; nothing is written: a
+                checkpoint already at ``path`` is untouched).
             CheckpointError: ``path`` holds something other than a checkpoint
                 (or, sharded, a rank failed or stopped answering).
         """
         optimizer = self._require_optimizer("save")
         sharded = uses_dtensors(self.module)
-        found = self._nonfinite_state(optimizer)  # DDP: every rank's state is identical
-        if sharded and _ranks.active():  # FSDP: each rank checked its shards; agree
+        found = self._nonfinite_state(optimizer) or self._buffers.first_made_nonfinite()
+        if _ranks.active():  # FSDP shards and each rank's own buffer updates: agree
             everyone: list[str | None] = [None] * self.world_size
             torch.distributed.all_gather_object(everyone, found)
             found = next((name for name in everyone if name is not None), None)
@@ -953,7 +967,9 @@ class Graph:
 
         The files' integrity, the model tensors' names, shapes and dtypes, the
         graph record's every field (counters, lrs, schedule, data position)
-        and RNG states, and the optimizer state are all checked first; only
+        and RNG states, the model tensors' values (no NaN or inf but in a
+        buffer that held it when this Graph got the module), and the optimizer
+        state are all checked first; only
         then do they replace this graph's. The optimizer must already be set
         (same algorithm, same parameters). On any error the module, optimizer,
         schedule, counters and RNG states are left exactly as they were.
@@ -970,7 +986,8 @@ class Graph:
         Raises:
             GraphError: no optimizer set.
             CheckpointError: damaged files, a malformed graph record or RNG
-                state, or model tensors that do not fit the module.
+                state, or model tensors that do not fit the module or hold
+                NaN or inf (a parameter, or a buffer training made so).
             StateDictError: optimizer state that does not fit the optimizer
                 (sharded: also model state that does not fit the module).
         """
@@ -995,6 +1012,7 @@ class Graph:
             k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")
         }
         self._check_model_state(model_state, path)
+        self._check_model_finite(model_state, path)
         load_stored(stored, optimizer, strict=True)  # validates first: all or nothing
         self.module.load_state_dict(model_state)
         self._restore(record)
@@ -1013,6 +1031,15 @@ class Graph:
                 f"{path}: the model state does not fit this module: {'; '.join(problems[:10])}"
             )
 
+    def _check_model_finite(self, saved: Mapping[str, torch.Tensor], path: Any) -> None:
+        """Refuse saved model tensors holding NaN or inf (a buffer built so excepted)."""
+        found = self._buffers.made_nonfinite(saved)
+        if found:
+            raise CheckpointError(
+                f"{path}: the model state holds NaN or inf in {', '.join(found[:10])} "
+                "(made so by training); refusing to load it, nothing was changed"
+            )
+
     def _restore(self, record: GraphRecord) -> None:
         self._training_step = record.training_step
         self._micro_step = record.micro_step
@@ -1026,6 +1053,7 @@ class Graph:
         if self.scaler is not None and record.scaler:
             self.scaler.load_state_dict(record.scaler)
         self._apply_lr()
+        self._buffers.keep()
 
 
 def _collective_device() -> torch.device:

@@ -20,7 +20,9 @@ to a parameter when it is a hashable int (or str) id and
 4. groups pair by index as far as both go, and each paired group of the
    target's size pairs by position.
 
-A duplicated id is checked for each parameter it is listed for. Entries no
+A duplicated id is checked for each parameter it is listed for, and a name
+listed more than once (rule 2: a repeated group, say) with each id listed
+under it, so a structural problem never hides a damaged slot. Entries no
 rule maps are reported as ``orphan-state`` when their id is in no group,
 else left unchecked. Group hyperparameters are checked only for groups that
 pair by index (rule 1). Only a dict that is not a mapping with ``state`` (a
@@ -168,6 +170,7 @@ def check(target: Target, state_dict: Any) -> Report:
         report.matches += _unpaired_matches(target, groups, ids)
     _entries(target, state, report)
     _orphans(state, ids, report)
+    report.problems = list(dict.fromkeys(report.problems))  # an entry listed twice: once
     return report
 
 
@@ -211,11 +214,11 @@ def _unpaired_matches(
     flat = [i for group_ids in ids for i in group_ids]
     saved_names = [_valid_names(_saved_names(g), len(i)) for g, i in zip(groups, ids, strict=True)]
     if all(t.names is not None for t in target.groups) and all(n is not None for n in saved_names):
-        by_name = _unique_pairs([n for names in saved_names for n in names or ()], flat)
+        by_name = _name_pairs([n for names in saved_names for n in names or ()], flat)
         return [
-            Match(g, by_name[label], position, label)
+            Match(g, saved_id, position, label)
             for position, (g, label) in enumerate(places)
-            if label in by_name
+            for saved_id in by_name.get(label, ())
         ]
     if len(flat) == len(places):
         return [Match(g, flat[k], k, label) for k, (g, label) in enumerate(places)]
@@ -231,13 +234,18 @@ def _places(target: Target) -> list[tuple[int, str]]:
     return places
 
 
-def _unique_pairs(names: list[Any], ids: list[Any]) -> dict[str, Any]:
-    """``{name: id}`` for names listed once (a repeated name maps to nothing)."""
-    counts: dict[Any, int] = {}
-    for name in names:
-        if isinstance(name, str):
-            counts[name] = counts.get(name, 0) + 1
-    return {n: i for n, i in zip(names, ids, strict=True) if counts.get(n) == 1}
+def _name_pairs(names: list[Any], ids: list[Any]) -> dict[str, list[Any]]:
+    """``{name: [id, ...]}``: every distinct valid id listed under each name, in order.
+
+    A name listed more than once (a repeated group) maps to each id it is
+    listed with, once per id, so every entry saved under it is checked.
+    """
+    pairs: dict[str, list[Any]] = {}
+    for name, saved_id in zip(names, ids, strict=True):
+        listed = pairs.setdefault(name, []) if isinstance(name, str) else None
+        if listed is not None and _is_id(saved_id) and saved_id not in listed:
+            listed.append(saved_id)
+    return pairs
 
 
 def _index_pairs(
