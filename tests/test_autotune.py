@@ -276,6 +276,21 @@ def test_a_bad_budget_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _autotune.budgets(torch.device("cuda")) == (10.0, 20.0)
 
 
+@pytest.mark.parametrize("raw", ["1e10", "1e308", "9.3e9"])
+def test_a_budget_beyond_any_wait_is_capped_at_one_day_and_creating_works(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, raw)
+    registry = toy_registry(
+        optiplug.ImplementationSpec("toy", "a", sgd_building("a")),
+        optiplug.ImplementationSpec("toy", "b", sgd_building("b")),
+    )
+    assert registry.create("toy", params()).chosen in {"a", "b"}  # type: ignore[attr-defined]
+    [measured] = _autotune.measurements().values()
+    assert measured.dropped == {}
+    assert _autotune.budgets(torch.device("cpu")) == (86400.0, 172800.0)
+
+
 CREATE_TIMED = """
 import json, time, torch, optiplug
 from optiplug._core import autotune

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +16,7 @@ import torch
 import optiplug
 from optiplug import cli
 from optiplug._core import autotune as _autotune
-from optiplug.cli.bench import bytes_per_parameter
+from optiplug.cli.bench import available_memory, bytes_per_parameter, memory_needed
 
 SMALL = ["--params", "64K", "--tensors", "4", "--steps", "3"]
 
@@ -145,6 +147,8 @@ def test_unknown_algorithm_exits_2_with_a_suggestion(capsys: pytest.CaptureFixtu
         (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
         (["--params", "12Q"], "argument --params:"),
         (["--params", "-5"], "argument --params:"),
+        (["--params", "-4M"], "argument --params: --params '-4M' must be positive"),
+        (["--params", "-1.5e9"], "argument --params: --params '-1.5e9' must be positive"),
         (["--dtype", "fp64"], "argument --dtype: unknown dtype 'fp64'"),
         (["--steps", "0"], "argument --steps: expected a whole number >= 1"),
     ],
@@ -167,3 +171,50 @@ def test_more_tensors_than_parameters_or_a_missing_device_exit_2(
     if not torch.cuda.is_available():
         assert cli.main(["bench", "adamw", "--device", "cuda", *SMALL]) == 2
         assert "no CUDA device is available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("size", "count"), [("1e15", 10**15), ("1e30", 10**30)])
+def test_a_size_beyond_the_memory_available_exits_2_with_the_numbers(
+    size: str, count: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["bench", "adamw", "--params", size]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"optiplug: error: --params {count:,}: adamw needs about ")
+    assert re.search(r"needs about [\d,.]+ GB \([\d,.]+ GiB\).* [\d,.]+ GB .*available", err)
+    assert "Traceback" not in err
+
+
+def test_a_size_that_fits_is_not_refused() -> None:
+    needed = memory_needed(optiplug.Registry().spec("adamw"), {}, 64_000, 4, implementations=3)
+    assert needed == 64_000 * (4 * 2 * 4 + 3 * 2 * 4 + 28)  # 4 copies of p and g, 3 states, floor
+    assert needed < available_memory()[0]
+
+
+MEMORY_LIMITED_BENCH = """
+import resource, sys
+import torch  # mapped before the limit: it is what the limit leaves room beside
+from optiplug.cli import main
+
+with open("/proc/self/status") as status:
+    size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+limit = (size_kb << 10) + (int(sys.argv[1]) << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+sys.exit(main(["bench", "adamw", "--params", sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize(("headroom_mib", "size"), [(8192, "7B"), (256, "16M")])
+def test_a_size_beyond_an_address_space_limit_exits_2_naming_it(
+    headroom_mib: int, size: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_LIMITED_BENCH, str(headroom_mib), size],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("optiplug: error: --params "), done.stderr
+    assert "Traceback" not in done.stderr
+    if headroom_mib < 1024:  # only the limit can be this small, not free memory
+        assert "RLIMIT_AS" in done.stderr, done.stderr

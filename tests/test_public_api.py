@@ -62,6 +62,7 @@ EXPECTED_ALL = {
 
 EXPECTED_ERRORS = {
     "CheckpointError",
+    "EnvironmentVariableError",
     "GraphError",
     "ImplementationError",
     "HyperparameterError",

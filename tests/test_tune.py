@@ -7,8 +7,10 @@ import json
 import math
 import pickle
 import random
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +217,133 @@ def test_a_loss_that_is_not_a_scalar_is_refused() -> None:
         optiplug.AutoOptimizer.tune(
             small_model(), per_sample, regression_batches(), candidates=["sgd"], budget_steps=30
         )
+
+
+def detached(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return regression_loss(model, batch).detach()
+
+
+def integer(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return regression_loss(model, batch).round().long()
+
+
+def boolean(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return regression_loss(model, batch) > 0
+
+
+def complex_valued(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return regression_loss(model, batch) * (1 + 1j)
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "match"),
+    [
+        (detached, "does not require grad"),
+        (integer, "torch.int64"),
+        (boolean, "torch.bool"),
+        (complex_valued, "torch.complex64"),
+    ],
+)
+def test_a_loss_that_cannot_be_stepped_on_is_a_tune_error(
+    loss_fn: tune_module.LossFn, match: str
+) -> None:
+    with pytest.raises(TuneError, match=match):
+        optiplug.AutoOptimizer.tune(
+            small_model(), loss_fn, regression_batches(), candidates=["sgd"], budget_steps=30
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batches": None}, "batches=None: expected an iterable"),
+        ({"batches": 7}, "batches=7: expected an iterable"),
+        ({"seed": "x"}, "seed='x': expected an integer"),
+        ({"seed": 2**70}, f"seed={2**70}: expected an integer from"),
+        ({"seed": -(2**64)}, f"seed={-(2**64)}: expected an integer from"),
+        ({"seed": True}, "seed=True: expected an integer"),
+    ],
+)
+def test_bad_batches_or_seed_raise_tune_errors_naming_them(
+    kwargs: dict[str, object], match: str
+) -> None:
+    options: dict[str, object] = {"batches": regression_batches(), "candidates": ["sgd"]}
+    options.update(kwargs, budget_steps=30)
+    with pytest.raises(TuneError, match=re.escape(match)):
+        optiplug.AutoOptimizer.tune(small_model(), regression_loss, **options)  # type: ignore[arg-type]
+
+
+def test_the_largest_seed_torch_accepts_is_accepted() -> None:
+    selection = tune(small_model(), candidates=["sgd"], budget_steps=30, seed=2**64 - 1)
+    assert selection.tuning is not None and selection.tuning.seed == 2**64 - 1
+
+
+def test_a_generator_is_read_only_as_far_as_the_budget_needs() -> None:
+    given = regression_batches(100)
+    read: list[int] = []
+
+    def counted() -> Iterator[dict[str, torch.Tensor]]:
+        for index, batch in enumerate(given):
+            read.append(index)
+            yield batch
+
+    selection = optiplug.AutoOptimizer.tune(
+        small_model(),
+        regression_loss,
+        counted(),
+        candidates=["sgd"],
+        budget_steps=30,
+        held_out=2,
+    )
+    # 30 steps: a 12-step range test (the most batches one trial trains on) and 2 held out
+    assert len(read) == 12 + 2
+    assert selection.tuning is not None and selection.tuning.held_out_batches == 2
+
+
+def test_a_list_still_holds_out_its_last_batches() -> None:
+    given = regression_batches(40)
+    shuffled = given[:12] + given[20:] + given[12:20]  # only the tail differs
+    first = optiplug.AutoOptimizer.tune(
+        small_model(), regression_loss, given, candidates=["sgd"], budget_steps=30, held_out=4
+    )
+    second = optiplug.AutoOptimizer.tune(
+        small_model(), regression_loss, shuffled, candidates=["sgd"], budget_steps=30, held_out=4
+    )
+    assert first.tuning is not None and second.tuning is not None
+    assert first.tuning.trials[0].range_test == second.tuning.trials[0].range_test
+    assert first.tuning.trials[0].held_out_loss != second.tuning.trials[0].held_out_loss
+
+
+ENDLESS_TUNE = """
+import itertools, resource, sys, torch, optiplug
+
+with open("/proc/self/status") as status:
+    data_kb = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
+resource.setrlimit(resource.RLIMIT_DATA, ((data_kb << 10) + (1 << 30), resource.RLIM_INFINITY))
+torch.manual_seed(0)
+x = torch.randn(16, 4)
+batch = (x, x.sum(1, keepdim=True))
+selection = optiplug.AutoOptimizer.tune(
+    torch.nn.Linear(4, 1),
+    lambda model, b: torch.nn.functional.mse_loss(model(b[0]), b[1]),
+    itertools.repeat(batch),
+    candidates=["sgd"],
+    budget_steps=30,
+    held_out=0.25,
+)
+print("tuned:", selection.name, selection.tuning.held_out_batches)
+"""
+
+
+def test_an_endless_iterable_is_read_only_as_far_as_the_budget_needs() -> None:
+    # A separate process with a 1 GiB allowance for new data: reading the
+    # endless iterable to its end would run out of it (or time out) rather
+    # than take the machine's memory.
+    done = subprocess.run(
+        [sys.executable, "-c", ENDLESS_TUNE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tuned: sgd 4" in done.stdout  # 12 batches to train on, a quarter of 16 held out
 
 
 def test_every_candidate_diverging_is_reported() -> None:

@@ -68,6 +68,18 @@ def test_bad_tune_options_exit_2(
     assert message in capsys.readouterr().err
 
 
+def test_tune_checks_the_plot_path_before_tuning(capsys: pytest.CaptureFixture[str]) -> None:
+    plot = "/nonexistent/dir/x.png"
+    argv = ["tune", *JOB, "--candidates", "adamw", "--tune-budget", "30", "--plot", plot]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was tuned
+    assert captured.err == (
+        f"optiplug: error: --plot {plot!r}: the directory '/nonexistent/dir' does not exist; "
+        "create it first\n"
+    )
+
+
 @given(st.integers(min_value=1, max_value=10**6))
 def test_a_tuned_lr_gets_short_runs_as_long_as_the_run(steps: int) -> None:
     budget = run_length_budget(steps)

@@ -217,6 +217,7 @@ BAD_RULE_RETURNS = {
     "dict": {"algorithm": "adamw", "score": 99},
     "list-of-str": ["adamw"],
     "int": 42,
+    "list-holding-none": [None],
 }
 
 
@@ -245,6 +246,29 @@ def test_selection_rule_returning_none_proposes_nothing() -> None:
         warnings.simplefilter("error", optiplug.PluginWarning)
         assert registry.select(optiplug.SelectionRequest(task="text-classification")).name == "adam"
     assert info_of(registry, "badrule").status == "active"
+
+
+NONE_RULE = """\
+import optiplug
+
+
+@optiplug.hookimpl
+def optiplug_select_optimizer(request):
+    return [optiplug.Candidate("adamw", {"lr": 1.0}, 99.0, "first of two"), None]
+"""
+
+
+def test_installed_rule_returning_a_list_holding_none_fails_its_plugin_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_entry_point(tmp_path, monkeypatch, "nonerule", NONE_RULE)
+    registry = optiplug.Registry(strict=False, disabled=())
+    with pytest.warns(optiplug.PluginWarning, match="'nonerule'"):
+        chosen = optiplug.AutoOptimizer.for_task("text-classification", registry=registry)
+    assert (chosen.name, chosen.hparams["lr"]) == ("adam", 2e-5)  # its 99-point candidate dropped
+    info = info_of(registry, "nonerule")
+    assert info.status == "failed"
+    assert "list holding NoneType None, expected an iterable of Candidate" in (info.error or "")
 
 
 def test_bad_selection_rule_raises_plugin_error_in_strict_mode() -> None:
@@ -306,6 +330,7 @@ BAD_VALIDATOR_RETURNS = {
     "str": "abc",
     "dict": {"kind": "shape"},
     "non-problem item": [optiplug.Problem(kind="shape"), "oops"],
+    "none item": [optiplug.Problem(kind="shape"), None],
     "int": 7,
 }
 

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "EnvironmentVariableError",
     "GraphError",
     "HyperparameterError",
     "ImplementationError",
@@ -255,3 +256,26 @@ class GraphError(OptiplugError, RuntimeError):
 
 class TuneError(OptiplugError, ValueError):
     """``AutoOptimizer.tune`` cannot measure: too few batches or steps, a bad loss, nothing tuned."""
+
+
+class EnvironmentVariableError(OptiplugError, ValueError):
+    """An ``OPTIPLUG_*`` environment variable holds a value that cannot be read.
+
+    The message reads ``environment variable OPTIPLUG_AUTOTUNE='maybe': expected
+    ...``: the variable, its value and what it accepts.
+
+    Attributes:
+        variable: the variable's name.
+        value: its value, as set.
+        expected: what it accepts.
+    """
+
+    def __init__(self, variable: str, value: str, expected: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+        self.message = f"environment variable {variable}={value!r}: expected {expected}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message

@@ -220,7 +220,10 @@ class AutoOptimizer:
         Args:
             model: the model to tune for (copied, never stepped).
             loss_fn: ``loss_fn(model, batch)`` returning a scalar loss tensor.
-            batches: the batches (materialised); the last ``held_out`` are held out.
+            batches: the batches. A list or tuple gives its last ``held_out``
+                to the held-out loss; any other iterable (a generator, a data
+                loader, ``itertools.repeat``) is read only as far as the budget
+                needs: the batches one trial trains on, then the held-out ones.
             candidates: algorithm names (or :class:`~optiplug.Candidate`
                 recipes); None takes the installed algorithms the rules rank
                 highest for this model, task and stage: one per 750 steps of
@@ -228,8 +231,8 @@ class AutoOptimizer:
             budget_steps: optimizer steps for the whole tune, shared equally
                 by the candidates (40% range test, 60% short runs each).
             held_out: held-out batches (an int >= 1) or their fraction (a float).
-            seed: the seed every trial starts from; the same seed gives the
-                same result.
+            seed: the seed every trial starts from (an integer torch accepts:
+                -2**63 to 2**64 - 1); the same seed gives the same result.
             task: the task, for the rules' recipes.
             stage: ``"pretraining"`` or ``"finetuning"``, for the rules' recipes.
             registry: where to look; the default registry when None.
@@ -239,8 +242,10 @@ class AutoOptimizer:
             shows every trial and ``plot(path)`` draws the range tests.
 
         Raises:
-            TuneError: too few batches, too small a budget, a loss that is not
-                a scalar tensor, a bad candidate list, or every candidate diverged.
+            TuneError: ``batches`` not iterable or too few of them, a bad
+                ``seed``, too small a budget, a loss that is not a real
+                floating-point scalar tensor requiring grad, a bad candidate
+                list, or every candidate diverged.
         """
         from .tune import run_tune  # deferred: imports torch
 

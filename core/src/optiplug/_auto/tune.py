@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 import random
 import sys
@@ -56,7 +57,9 @@ __all__ = [
     "SHORT_RUNS",
     "SLOPE_WINDOW",
     "SMOOTHING",
+    "SEEDS",
     "TunePlan",
+    "batches_needed",
     "conservative_best",
     "default_candidates",
     "proposed_lrs",
@@ -138,47 +141,117 @@ class TunePlan:
     seed: int
 
 
-def split_batches(batches: Iterable[Any], held_out: int | float) -> tuple[list[Any], list[Any]]:
+def split_batches(
+    batches: Iterable[Any], held_out: int | float, train_needed: int | None = None
+) -> tuple[list[Any], list[Any]]:
     """Split ``batches`` into the training part and the held-out tail.
 
+    A sequence (a list, a tuple) is sliced: its last batches are held out.
+    Any other iterable (a generator, a data loader, ``itertools.repeat``) is
+    read only as far as :func:`batches_needed` says, never to its end, and
+    the batches read last are held out.
+
     Args:
-        batches: every batch the tune may use (materialised here).
+        batches: every batch the tune may use.
         held_out: how many of the last batches to hold out (an int >= 1), or
             which fraction of them (a float in (0, 1)); at least one is held out.
+        train_needed: the most batches a trial trains on (those beyond are
+            never used); None keeps and reads them all.
 
     Returns:
         ``(train, held_out)`` lists; both non-empty.
 
     Raises:
-        TuneError: ``held_out`` out of range, or too few batches to split.
+        TuneError: ``held_out`` out of range, ``batches`` not iterable, or
+            too few batches to split.
     """
-    found = list(batches)
-    if isinstance(held_out, bool) or not isinstance(held_out, (int, float)):
-        raise TuneError(f"held_out={held_out!r}: expected an int >= 1 or a float in (0, 1)")
-    if isinstance(held_out, float) and not 0.0 < held_out < 1.0:
-        raise TuneError(f"held_out={held_out!r}: a fraction must lie in (0, 1)")
-    if isinstance(held_out, int) and held_out < 1:
-        raise TuneError(f"held_out={held_out!r}: at least one batch must be held out")
+    _check_held_out(held_out)
+    if isinstance(batches, Sequence):
+        found: Sequence[Any] = batches
+    else:
+        wanted = None if train_needed is None else batches_needed(train_needed, held_out)
+        found = list(itertools.islice(_iterated(batches), wanted))
     count = held_out if isinstance(held_out, int) else max(1, round(held_out * len(found)))
     if len(found) - count < 1:
         raise TuneError(
             f"batches: {len(found)} given, held_out={held_out!r} holds out {count}; "
             "at least one more is needed to train on"
         )
-    return found[:-count], found[-count:]
+    kept = len(found) - count if train_needed is None else min(len(found) - count, train_needed)
+    return list(found[:kept]), list(found[len(found) - count :])
+
+
+def _check_held_out(held_out: int | float) -> None:
+    if isinstance(held_out, bool) or not isinstance(held_out, (int, float)):
+        raise TuneError(f"held_out={held_out!r}: expected an int >= 1 or a float in (0, 1)")
+    if isinstance(held_out, float) and not 0.0 < held_out < 1.0:
+        raise TuneError(f"held_out={held_out!r}: a fraction must lie in (0, 1)")
+    if isinstance(held_out, int) and held_out < 1:
+        raise TuneError(f"held_out={held_out!r}: at least one batch must be held out")
+
+
+def _iterated(batches: Iterable[Any]) -> Iterator[Any]:
+    try:
+        return iter(batches)
+    except TypeError:
+        raise TuneError(
+            f"batches={batches!r}: expected an iterable of batches "
+            "(a list, a generator, a data loader...)"
+        ) from None
+
+
+def batches_needed(train_needed: int, held_out: int | float) -> int:
+    """How many batches of an iterable a tune reads: the ones it trains on, then the held-out ones.
+
+    Args:
+        train_needed: the most batches a trial trains on.
+        held_out: held-out batches (an int), or their fraction of those read (a float in (0, 1)).
+
+    Returns:
+        ``train_needed + held_out`` for an int; for a fraction, the fewest
+        batches whose part left after holding that fraction out (at least
+        one) is ``train_needed`` or more.
+    """
+    if isinstance(held_out, int):
+        return train_needed + held_out
+
+    def trained(total: int) -> int:
+        return total - max(1, round(held_out * total))
+
+    # trained() never falls as total grows, and the high end is always enough
+    low = train_needed + 1
+    high = max(low, math.ceil(train_needed / (1.0 - held_out)) + 1)
+    while low < high:
+        middle = (low + high) // 2
+        if trained(middle) >= train_needed:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+SEEDS = (-(2**63), 2**64 - 1)
+"""The seeds ``torch.manual_seed`` accepts, inclusive."""
+
+
+def _check_seed(seed: int) -> None:
+    low, high = SEEDS
+    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
+        raise TuneError(f"seed={seed!r}: expected an integer from {low} to {high}")
 
 
 def plan_tune(
     batches: Iterable[Any], held_out: int | float, candidates: int, budget_steps: int, seed: int
 ) -> TunePlan:
-    """Split the batches and share ``budget_steps`` among ``candidates``.
+    """Share ``budget_steps`` among ``candidates``, and take the batches that needs.
 
     Raises:
-        TuneError: bad ``held_out``/batches, or a budget below
-            ``MIN_RANGE_STEPS + MIN_RUN_STEPS`` steps per candidate.
+        TuneError: bad ``held_out``, ``seed`` or batches, or a budget below
+            ``MIN_RANGE_STEPS + SHORT_RUNS * MIN_RUN_STEPS`` steps per candidate.
     """
     if isinstance(budget_steps, bool) or not isinstance(budget_steps, int):
         raise TuneError(f"budget_steps={budget_steps!r}: expected an integer")
+    _check_seed(seed)
     per_candidate = budget_steps // max(candidates, 1)
     least = MIN_RANGE_STEPS + SHORT_RUNS * MIN_RUN_STEPS
     if per_candidate < least:
@@ -186,9 +259,9 @@ def plan_tune(
             f"budget_steps={budget_steps}: {candidates} candidate(s) need at least "
             f"{least * candidates} ({least} each: a range test and {SHORT_RUNS} short runs)"
         )
-    train, held = split_batches(batches, held_out)
     range_steps = max(MIN_RANGE_STEPS, round(per_candidate * RANGE_SHARE))
     run_steps = (per_candidate - range_steps) // SHORT_RUNS
+    train, held = split_batches(batches, held_out, max(range_steps, run_steps))
     return TunePlan(tuple(train), tuple(held), range_steps, run_steps, budget_steps, seed)
 
 
@@ -243,6 +316,11 @@ def _scalar_loss(loss_fn: LossFn, model: torch.nn.Module, batch: Any) -> torch.T
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         kind = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else loss
         raise TuneError(f"loss_fn(model, batch) must return a scalar tensor; it returned {kind!r}")
+    if not loss.is_floating_point():
+        raise TuneError(
+            "loss_fn(model, batch) must return a real floating-point scalar tensor; "
+            f"it returned one of dtype {loss.dtype}"
+        )
     return loss.reshape(())
 
 
@@ -252,6 +330,12 @@ def _train_step(
     """One step; returns the loss before it (a non-finite loss is not stepped on)."""
     optimizer.zero_grad(set_to_none=True)
     loss = _scalar_loss(loss_fn, model, batch)
+    if not loss.requires_grad:
+        raise TuneError(
+            "loss_fn(model, batch) returned a loss that does not require grad, so there is "
+            "nothing to step on: it was computed under torch.no_grad(), detached, or from "
+            "parameters that do not require grad"
+        )
     loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     value = float(loss.detach())
     if math.isfinite(value):
@@ -555,7 +639,7 @@ def run_tune(
     Args:
         model: the user's model; never changed.
         loss_fn: ``loss_fn(model, batch)`` -> scalar loss tensor.
-        batches: the batches; the last ``held_out`` are held out.
+        batches: the batches, split by :func:`split_batches`.
         rules: the rules' selection for this model (recipes and the request).
         candidates: algorithm names or :class:`~optiplug.Candidate` records;
             None takes the installed algorithms the rules rank highest, one
@@ -571,7 +655,7 @@ def run_tune(
         The winner, with every trial in ``selection.tuning``.
 
     Raises:
-        TuneError: bad batches, budget or loss, or every candidate diverged.
+        TuneError: bad batches, seed, budget or loss, or every candidate diverged.
     """
     limit = default_candidates(budget_steps, max_candidates)
     recipes = [with_lr_defaults(c, registry) for c in _recipes(rules, candidates, limit)]

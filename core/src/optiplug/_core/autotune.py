@@ -7,8 +7,8 @@ small tensors, memory traffic large ones), so ``impl=None`` times each
 available implementation that supports the parameters on synthetic tensors
 with the user's size distribution (never touching the user's tensors or the
 global RNG) and caches the winner per (algorithm, device type, dtype,
-candidates). ``OPTIPLUG_AUTOTUNE=0`` skips measuring and uses each
-implementation's declared ``priority``.
+candidates). ``OPTIPLUG_AUTOTUNE=0`` (or ``false``, ``no``, ``off``) skips
+measuring and uses each implementation's declared ``priority``.
 
 How a choice is measured (:func:`measure`):
 
@@ -60,10 +60,12 @@ import torch
 
 from ..errors import HyperparameterError, OptimizerUnavailableError, PluginWarning
 from . import ranks as _ranks
+from .env import env_flag
 from .specs import ImplementationSpec
 
 __all__ = [
     "BUDGET_VARIABLE",
+    "MAX_BUDGET",
     "TIMED_ROUNDS",
     "WARMUP_STEPS",
     "Measurement",
@@ -98,6 +100,11 @@ _SAMPLE_BOUND = {"cuda": 64 << 20}
 _DEFAULT_SAMPLE_BOUND = 4 << 20
 _CANDIDATE_BUDGET = {"cuda": 10.0}
 _DEFAULT_CANDIDATE_BUDGET = 4.0
+
+MAX_BUDGET = 86400.0
+"""The most seconds ``OPTIPLUG_AUTOTUNE_BUDGET`` gives a candidate's warm-up (one day): a
+larger value means "no limit", and counts as this (beyond about 9.2e9 s a wait cannot be set)."""
+
 _OVERALL_FACTOR = 2.0
 _EXIT_WAIT = 300.0
 
@@ -291,7 +298,8 @@ def budgets(device: torch.device) -> tuple[float, float]:
 
     Defaults: 10 s per candidate on CUDA (a first compilation there takes
     seconds), 4 s elsewhere; the overall budget is twice the per-candidate
-    one. ``OPTIPLUG_AUTOTUNE_BUDGET=SECONDS`` sets the per-candidate budget.
+    one. ``OPTIPLUG_AUTOTUNE_BUDGET=SECONDS`` sets the per-candidate budget;
+    a value above :data:`MAX_BUDGET` (one day) counts as one day.
 
     Args:
         device: the parameters' device.
@@ -314,6 +322,7 @@ def budgets(device: torch.device) -> tuple[float, float]:
             raise HyperparameterError(
                 BUDGET_VARIABLE, raw, "must be a positive number of seconds", algorithm="autotune"
             )
+        per = min(per, MAX_BUDGET)
     return per, per * _OVERALL_FACTOR
 
 
@@ -514,7 +523,7 @@ class _Warmup:
     def within(self, seconds: float) -> bool:
         """Start and wait up to ``seconds``; False (and asked to stop) when still running."""
         self.thread.start()
-        self.thread.join(max(seconds, 0.0))
+        self.thread.join(min(max(seconds, 0.0), MAX_BUDGET))
         if self.thread.is_alive():
             self.stop.set()
             return False
@@ -654,9 +663,12 @@ def choose(
         A candidate that raises or exceeds its budget counts as infinitely
         slow (on every rank, when agreed), so it wins only if none was timed,
         and then the priority order decides.
+
+    Raises:
+        EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE`` is not a boolean word.
     """
     ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
-    if len(ranked) == 1 or not params or os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
+    if len(ranked) == 1 or not params or not env_flag("OPTIPLUG_AUTOTUNE", default=True):
         return ranked[0]
     agreement = _agreement.get()
     if agreement is None and _ranks.world_size() > 1:

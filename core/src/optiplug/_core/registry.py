@@ -33,6 +33,7 @@ from . import builtin as _builtin
 from .binding import provided_default
 from .build import build_schedule
 from .create import OptimizerFactory, create_optimizer, validated_hparams
+from .env import env_flag
 from .hooks import HOOK_NAMES, PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
 from .selection import Selection, select
 from .specs import (
@@ -82,10 +83,6 @@ class _Contributions:
         return tuple(provided)
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def _env_list(name: str) -> frozenset[str]:
     return frozenset(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
 
@@ -123,7 +120,9 @@ class Registry:
         strict: bool | None = None,
         disabled: Iterable[str] | None = None,
     ) -> None:
-        self.strict = _env_flag("OPTIPLUG_STRICT_PLUGINS") if strict is None else strict
+        self.strict = (
+            env_flag("OPTIPLUG_STRICT_PLUGINS", default=False) if strict is None else strict
+        )
         self.disabled = (
             _env_list("OPTIPLUG_DISABLE_PLUGINS") if disabled is None else frozenset(disabled)
         )
@@ -707,9 +706,9 @@ def _typed_records(result: object, kind: type[_Typed]) -> list[_Typed] | BaseExc
         items = list(result)
     except Exception as error:
         return error
-    wrong = next((item for item in items if not isinstance(item, kind)), None)
-    if wrong is not None:
-        return TypeError(f"returned {type(result).__name__} holding {_shown(wrong)}, {expected}")
+    for item in items:
+        if not isinstance(item, kind):
+            return TypeError(f"returned {type(result).__name__} holding {_shown(item)}, {expected}")
     return items
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._core.registry import Registry
 from .._core.selection import Selection
+from ..cli.schedule import check_plot_path
 from ..errors import OptiplugError
 from .config import TrainConfig
 from .options import add_model_options, add_tune_budget, given_options
@@ -92,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
         0 on success.
 
     Raises:
-        OptiplugError: bad options, an unknown optimizer, a budget too small
-            for the candidates, or every candidate diverged.
+        OptiplugError: bad options, an unknown optimizer, a ``--plot`` path
+            that could not be written (refused before tuning), a budget too
+            small for the candidates, or every candidate diverged.
     """
     from .data import load_corpus  # deferred: imports torch
     from .launch import torch_threads  # deferred: imports torch
@@ -105,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     candidates = _candidates(args.candidates)
     for name in candidates or ():
         registry.spec(name)
+    if args.plot:
+        check_plot_path(args.plot)
     corpus = load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
     with torch_threads(config.threads):

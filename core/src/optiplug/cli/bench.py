@@ -18,19 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._core.create import validated_hparams
+from .._core.env import env_flag
 from .._core.registry import Registry
 from .._core.specs import ImplementationSpec, OptimizerSpec
 from .._text import format_table
 from ..errors import OptiplugError
-from .listing import parse_count
+from .listing import format_bytes, parse_count
 from .schedule import parse_param
 
 if TYPE_CHECKING:
@@ -41,10 +44,13 @@ __all__ = [
     "WARMUP_STEPS",
     "AlgorithmBench",
     "ImplementationTime",
+    "available_memory",
     "bench_algorithm",
     "bytes_per_parameter",
+    "check_memory",
     "configure",
     "format_bench",
+    "memory_needed",
     "run",
 ]
 
@@ -140,12 +146,22 @@ def _positive(text: str) -> int:
     return value
 
 
+_NEGATIVE_NUMBER = re.compile(r"-\.?\d")
+"""What argparse takes for a negative number from Python 3.14 on: a dash, then a digit."""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` command's arguments to ``parser``.
+
+    No option of ``bench`` starts with a dash and a digit, so a value such
+    as ``--params -4M`` is read as the option's value (as Python 3.14's
+    argparse reads it), and refused as not positive, instead of argparse's
+    "expected one argument" before Python 3.14.
 
     Args:
         parser: the subcommand's parser.
     """
+    parser._negative_number_matcher = _NEGATIVE_NUMBER
     parser.add_argument(
         "algorithm", nargs="?", default="all", help="an optimizer name, or all (default)"
     )
@@ -200,8 +216,9 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         UnknownOptimizerError: an unknown algorithm (with a did-you-mean).
-        OptiplugError: ``--device cuda`` without a CUDA device, or more
-            tensors than parameters.
+        OptiplugError: ``--device cuda`` without a CUDA device, more tensors
+            than parameters, or more memory needed than is available
+            (:func:`check_memory`, before anything is allocated).
         HyperparameterError: a bad ``--param``.
     """
     import torch  # deferred: imports torch
@@ -220,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         specs = [registry.spec(args.algorithm)]
     overrides = {key.replace("-", "_"): value for key, value in args.param}
+    for spec in specs:
+        wanted = overrides if args.algorithm != "all" else _known(spec, overrides)
+        check_memory(registry, spec, wanted, args.params, args.dtype, args.device)
     results = []
     for spec in specs:
         results.append(
@@ -283,6 +303,183 @@ def bytes_per_parameter(
         if slot.shape == "param" and slot.present_for(hparams):
             total += 2 * (4 if slot.dtype == "float32" else itemsize)
     return total
+
+
+def memory_needed(
+    spec: OptimizerSpec,
+    hparams: Mapping[str, Any],
+    parameters: int,
+    itemsize: int,
+    *,
+    implementations: int,
+) -> int:
+    """Bytes a benchmark of ``parameters`` parameters holds at once, at most.
+
+    The parameters and their gradients, a copy of both with the optimizer
+    state for each implementation (every optimizer is kept until all are
+    timed), and the copy floor's two buffers (:func:`bytes_per_parameter`).
+
+    Args:
+        spec: the algorithm (its declared ``"param"``-shaped state slots count).
+        hparams: its hyperparameters (which decide conditional slots).
+        parameters: parameters in all.
+        itemsize: bytes per parameter element.
+        implementations: implementations timed (at least one: its own factory).
+
+    Returns:
+        The bytes.
+    """
+    built = max(1, implementations)
+    state = sum(
+        4 if slot.dtype == "float32" else itemsize
+        for slot in spec.state_slots or ()
+        if slot.shape == "param" and slot.present_for(hparams)
+    )
+    floor = bytes_per_parameter(spec, hparams, itemsize) or 0
+    return parameters * ((1 + built) * 2 * itemsize + built * state + floor)
+
+
+def available_memory() -> tuple[int, str] | None:
+    """The host memory a new allocation can take, and what limits it, or None when unknown.
+
+    The least of: ``MemAvailable`` in ``/proc/meminfo`` (else the free
+    physical pages ``os.sysconf`` reports), the memory cgroup's limit less
+    its usage (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), and the
+    address-space and data-size limits (``ulimit -v``, ``ulimit -d``) less
+    what the process maps.
+
+    Returns:
+        ``(bytes, where the bound comes from)``, or None when nothing is known.
+    """
+    found = list(_memory_bounds())
+    return min(found) if found else None
+
+
+def _memory_bounds() -> Iterator[tuple[int, str]]:
+    meminfo = _read_fields(Path("/proc/meminfo"))
+    if "MemAvailable" in meminfo:
+        yield _kib(meminfo["MemAvailable"]), "MemAvailable in /proc/meminfo"
+    else:
+        pages = _sysconf("SC_AVPHYS_PAGES")
+        if pages is not None:
+            yield pages * (_sysconf("SC_PAGE_SIZE") or 4096), "free pages from os.sysconf"
+    cgroups = (
+        (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")),
+        (
+            Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            Path("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        ),
+    )
+    for limit_file, usage_file in cgroups:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            yield max(0, limit - usage), f"the memory cgroup's {limit_file} less its usage"
+    status = _read_fields(Path("/proc/self/status"))
+    for row, mapped, name in (
+        ("Max address space", "VmSize", "RLIMIT_AS (ulimit -v)"),
+        ("Max data size", "VmData", "RLIMIT_DATA (ulimit -d)"),
+    ):
+        limit = _soft_limit(row)
+        if limit is not None and mapped in status:
+            yield max(0, limit - _kib(status[mapped])), f"{name} less the process's {mapped}"
+
+
+def _read_fields(path: Path) -> dict[str, str]:
+    """``Name: value`` lines of a ``/proc`` file (empty when it cannot be read)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return {
+        name.strip(): value.strip() for name, _, value in (line.partition(":") for line in lines)
+    }
+
+
+def _kib(value: str) -> int:
+    """``"123 kB"`` as bytes."""
+    return int(value.split()[0]) << 10
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # absent, unreadable, or "max"
+
+
+def _sysconf(name: str) -> int | None:
+    try:
+        value = os.sysconf(name)
+    except (AttributeError, ValueError, OSError):
+        return None  # not on this platform
+    return value if value > 0 else None
+
+
+def _soft_limit(row: str) -> int | None:
+    """The soft limit on ``row`` of ``/proc/self/limits``, in bytes; None when unlimited."""
+    try:
+        lines = Path("/proc/self/limits").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(row):
+            soft = line[len(row) :].split()[0]
+            return int(soft) if soft.isdigit() else None
+    return None
+
+
+def check_memory(
+    registry: Registry,
+    spec: OptimizerSpec,
+    overrides: Mapping[str, Any],
+    parameters: int,
+    dtype: str,
+    device: str,
+) -> None:
+    """Refuse, before anything is allocated, a benchmark that cannot fit in memory.
+
+    Args:
+        registry: where ``spec``'s implementations are registered.
+        spec: the algorithm.
+        overrides: ``--param`` values over its example hyperparameters.
+        parameters: ``--params``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        device: ``"cpu"`` or ``"cuda"``.
+
+    Raises:
+        OptiplugError: :func:`memory_needed` exceeds what is available (the
+            free memory of the CUDA device, or :func:`available_memory`);
+            states both numbers and where the bound comes from.
+        HyperparameterError: a bad override.
+    """
+    import torch  # deferred: imports torch
+
+    from .._core import autotune  # deferred: imports torch
+
+    itemsize = getattr(torch, DTYPES[dtype]).itemsize
+    hparams = validated_hparams(spec, {**spec.example_hparams, **overrides})
+    runnable = [
+        impl
+        for impl in registry.implementations(spec.name)
+        if autotune.availability_reason(impl) is None
+    ]
+    needed = memory_needed(spec, hparams, parameters, itemsize, implementations=len(runnable))
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        bound: tuple[int, str] | None = (free, f"free memory on cuda:{torch.cuda.current_device()}")
+    else:
+        bound = available_memory()
+    if bound is None or needed <= bound[0]:
+        return
+    available, source = bound
+    copies = f"{max(1, len(runnable))} implementation(s)"
+    raise OptiplugError(
+        f"--params {parameters:,}: {spec.name} needs about {format_bytes(needed)} "
+        f"({needed // parameters:,} B per {dtype} parameter: the parameters and gradients, a "
+        f"copy of them with the optimizer state for each of its {copies}, and the copy "
+        f"floor's buffers), but only {format_bytes(available)} is available ({source}); "
+        "give a smaller --params"
+    )
 
 
 def _make_params(
@@ -532,6 +729,6 @@ def format_bench(result: AlgorithmBench) -> str:
     lines.append(format_table(["implementation", "ms/step", "x floor", "status"], rows))
     if result.pick is None and any(row.name != "default" for row in result.implementations):
         lines.append("impl=None: no implementation can run these parameters here")
-    elif os.environ.get("OPTIPLUG_AUTOTUNE", "1") == "0":
-        lines.append("impl=None: chosen by priority (OPTIPLUG_AUTOTUNE=0)")
+    elif not env_flag("OPTIPLUG_AUTOTUNE", default=True):
+        lines.append("impl=None: chosen by priority (OPTIPLUG_AUTOTUNE is off)")
     return "\n".join(lines)
