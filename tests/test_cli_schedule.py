@@ -79,7 +79,7 @@ def test_table_steps_are_even_plus_key_steps() -> None:
             ["schedule", "exponential", "--steps", "5"],
             "schedule exponential: missing required parameter 'gamma'",
         ),
-        (["schedule", "constant", "--steps", "-1"], "--steps must be >= 0"),
+        (["schedule", "constant", "--steps", "-1"], "--steps -1 must be an integer >= 1"),
         (
             ["schedule", "step", "--steps", "5"],
             "optiplug: error: schedule step: missing required parameter 'step_size'",
@@ -93,6 +93,18 @@ def test_schedule_errors_exit_2_with_one_line(
     captured = capsys.readouterr()
     assert message in captured.err
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("name", ["cosine", "constant"])
+def test_zero_steps_is_refused_not_shown_as_one(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["schedule", name, "--steps", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "optiplug: error: --steps 0 must be an integer >= 1 (the table shows steps 0 to N)\n"
+    )
 
 
 def test_bad_param_syntax_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -310,6 +310,95 @@ def test_new_gradient_tensors_are_picked_up(device: torch.device) -> None:
     assert torch.equal(second.detach().cpu(), torch.full((3,), 1.5))
 
 
+# ------------------------------------------------------------------ refused steps
+def _sparse_gradient(params: list[torch.nn.Parameter]) -> None:
+    params[-1].grad = params[-1].grad.to_sparse()  # type: ignore[union-attr]
+
+
+def _float64_parameter(params: list[torch.nn.Parameter]) -> None:
+    params[-1].data = params[-1].data.double()
+    params[-1].grad = params[-1].grad.double()  # type: ignore[union-attr]
+
+
+REFUSALS: dict[str, tuple[Callable[[list[torch.nn.Parameter]], None], bool, str]] = {
+    "sparse-gradient": (_sparse_gradient, False, "gradient is sparse"),
+    "sparse-gradient-second-group": (_sparse_gradient, True, "gradient is sparse"),
+    "float64-parameter": (_float64_parameter, False, "float64"),
+}
+"""failure -> (how the last of two parameters is spoiled, one group per parameter, message)."""
+REFUSAL_CASES = [(name, failure) for name in sorted(IMPLEMENTATIONS) for failure in REFUSALS]
+REFUSAL_SHAPES: tuple[tuple[int, ...], ...] = ((4,), (3,))
+
+
+def _refusal_optimizer(
+    name: str, params: list[torch.nn.Parameter], split: bool
+) -> torch.optim.Optimizer:
+    hparams: dict[str, Any] = {"lr": 0.1, "momentum": 0.9} if name == "sgd" else {"lr": 0.1}
+    groups: list[Any] = [{"params": [p]} for p in params] if split else [{"params": params}]
+    return optiplug.create(name, groups, impl="triton", **hparams)
+
+
+def _clean_steps(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    grads: Sequence[Sequence[torch.Tensor]],
+) -> None:
+    for step_grads in grads:
+        for param, grad in zip(params, step_grads, strict=True):
+            param.grad = grad.clone()
+        optimizer.step()
+
+
+@pytest.mark.parametrize(("name", "failure"), REFUSAL_CASES, ids=lambda v: str(v))
+def test_refused_first_step_leaves_nothing_behind(interpret: None, name: str, failure: str) -> None:
+    """A step refused for one tensor creates no state and moves no parameter, in any group.
+
+    The following clean steps then equal, bit for bit, a run that never failed
+    (a half-created SGD momentum buffer would start at zero instead of at the
+    first gradient).
+    """
+    spoil, split, message = REFUSALS[failure]
+    values = starts(REFUSAL_SHAPES, seed=7)
+    grads = gradient_steps(REFUSAL_SHAPES, 3, seed=8)
+    params = [torch.nn.Parameter(v.clone()) for v in values]
+    optimizer = _refusal_optimizer(name, params, split)
+    for param, grad in zip(params, grads[0], strict=True):
+        param.grad = grad.clone()
+    spoil(params)
+    with pytest.raises(HyperparameterError, match=message) as caught:
+        optimizer.step()
+    where = "parameter 0 of param group 1" if split else "parameter 1 of param group 0"
+    assert where in str(caught.value) and caught.value.algorithm == name
+    assert not optimizer.state and optimizer.state_dict()["state"] == {}
+    params[-1].data = params[-1].data.float()
+    assert all(torch.equal(p.detach(), v) for p, v in zip(params, values, strict=True))
+    _clean_steps(optimizer, params, grads)
+    clean = [torch.nn.Parameter(v.clone()) for v in values]
+    _clean_steps(_refusal_optimizer(name, clean, split), clean, grads)
+    assert all(torch.equal(p.detach(), c.detach()) for p, c in zip(params, clean, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_refused_later_step_changes_nothing(interpret: None, name: str) -> None:
+    """After clean steps, a refused step leaves the state and the parameters as they were."""
+    grads = gradient_steps(REFUSAL_SHAPES, 2, seed=9)
+    params = [torch.nn.Parameter(v.clone()) for v in starts(REFUSAL_SHAPES, seed=10)]
+    optimizer = _refusal_optimizer(name, params, split=True)
+    _clean_steps(optimizer, params, grads)
+    before = copy.deepcopy(optimizer.state_dict())
+    values = [p.detach().clone() for p in params]
+    for param, grad in zip(params, grads[0], strict=True):
+        param.grad = grad.clone()
+    _sparse_gradient(params)
+    with pytest.raises(HyperparameterError, match="gradient is sparse"):
+        optimizer.step()
+    after = optimizer.state_dict()["state"]
+    assert after.keys() == before["state"].keys()
+    for key, slots in before["state"].items():
+        assert all(torch.equal(after[key][slot], value) for slot, value in slots.items())
+    assert all(torch.equal(p.detach(), v) for p, v in zip(params, values, strict=True))
+
+
 # ------------------------------------------------------------------ state round trips
 ROUND_TRIPS: list[tuple[str, dict[str, Any], str]] = [
     ("adamw", {"lr": 1e-2, "weight_decay": 0.1, "amsgrad": True}, "loop"),

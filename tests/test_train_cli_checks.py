@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import optiplug
 from optiplug._train import command, cpus
+from optiplug._train.config import TrainConfig, run_file_payload
 from optiplug._train.cpus import CpuBudget, cgroup_cpu_quota, choose_threads, cpu_budget
 from optiplug._train.report import Progress
 from optiplug.cli import main
@@ -104,14 +106,14 @@ def test_compare_plot_path_is_checked_before_training(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--temperature", "-1"], "invalid temperature=-1.0: must be a finite number >= 0"),
-        (["--temperature", "nan"], "invalid temperature=nan"),
-        (["--impl", "bogus"], "adamw: invalid impl='bogus': no such implementation; available: "),
+        (["--temperature", "-1"], "--temperature -1 must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature nan must be a finite number >= 0"),
+        (["--impl", "bogus"], "--impl bogus is not an implementation of adamw; available here: "),
         (
             ["--compare", "adamw,muon"],
-            "muon: invalid impl='loop': no such implementation; available: none registered",
+            "--impl loop is not an implementation of muon, which has only one: drop --impl",
         ),
-        (["--compare", "adamw,sgd=-1"], "invalid lr=-1.0: must be a number > 0"),
+        (["--compare", "adamw,sgd=-1"], "--compare sgd=-1: lr must be positive, got -1.0"),
         (["--compare", "adamw,sgd", "--schedule", "step"], "missing required parameter"),
         (["--save-every", "2"], "--save-every needs --save DIR"),
         (["--data", "no/such/corpus"], "--data 'no/such/corpus': no such file or directory"),
@@ -121,6 +123,109 @@ def test_values_that_would_fail_late_are_refused_first(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in refused(capsys, *args)
+
+
+@pytest.mark.usefixtures("no_corpus")
+def test_compare_checks_every_name_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "--compare", "adamw,lino")
+    assert "--compare adamw,lino: unknown optimizer 'lino' (did you mean 'lion'?); " in line
+    assert "installed: " in line and "lion" in line
+    line = refused(capsys, "--compare", "lino,adamw,zzz")
+    assert "unknown optimizers 'lino' (did you mean 'lion'?), 'zzz'; installed: " in line
+
+
+@pytest.mark.usefixtures("no_corpus")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--heads", "3"], "--heads 3 must divide --d-model 32"),
+        (["--nproc", "3"], "--batch-size 8 must be divisible by --nproc 3"),
+        (["--layers", "0"], "--layers 0 must be an integer >= 1"),
+        (["--warmup", "-1"], "--warmup -1 must be an integer >= 0"),
+        (["--max-chars", "0"], "--max-chars 0 must be an integer >= 1"),
+        (["--lr", "-0.5"], "--lr -0.5 must be a number > 0"),
+        (["--compare", "adamw=-1,lion"], "--compare adamw=-1: lr must be positive, got -1.0"),
+        (["--compare", "adamw,lion=inf"], "--compare lion=inf: lr must be finite, got inf"),
+    ],
+)
+def test_messages_name_the_options_as_typed(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(capsys, *args)
+    assert message in line
+    assert not any(name in line for name in ("n_head", "n_layer", "d_model", "invalid lr="))
+
+
+RESUME_CONFLICTS = [
+    (
+        ["--lr", "0.01"],
+        "--lr 0.01 cannot change on resume: the run was saved with the optimizer's default lr",
+    ),
+    (["--layers", "2"], "--layers 2 cannot change on resume: the run was saved with --layers 1"),
+    (["--clip", "1"], "--clip 1 cannot change on resume: the run was saved without --clip"),
+    (
+        ["--schedule-param", "min_ratio=0.1"],
+        "--schedule-param min_ratio=0.1 cannot change on resume: the run was saved without "
+        "--schedule-param",
+    ),
+    (["--data", "my corpus"], "--data 'my corpus' cannot change on resume: the run was saved "
+                              "without --data"),
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_corpus")
+@pytest.mark.parametrize(("args", "message"), RESUME_CONFLICTS)
+def test_resume_conflicts_name_the_options_as_typed(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = TrainConfig(
+        n_layer=1, d_model=32, n_head=2, block_size=32, batch_size=8, max_chars=100_000, impl="loop"
+    )
+    (tmp_path / "train.json").write_text(json.dumps(run_file_payload(saved, "abc", 4)))
+    line = refused(capsys, "--resume", str(tmp_path), *args)
+    assert line == f"optiplug: error: {message}"
+
+
+@pytest.mark.usefixtures("no_corpus")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_save_where_a_directory_cannot_be_created_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/proc says it is writable (to root), yet nothing can be created in it."""
+    line = refused(capsys, "--save", "/proc/optiplug-run")
+    assert "--save '/proc/optiplug-run': cannot create a directory in '/proc'" in line
+
+
+@pytest.fixture
+def triton_unavailable(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Why the ``triton`` implementation cannot run here (skips where it can)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    impl = next(
+        i for i in optiplug.default_registry().implementations("adamw") if i.name == "triton"
+    )
+    reason = impl.unavailable_reason()
+    if reason is None:
+        pytest.skip("triton can run on this machine")
+    return reason
+
+
+@pytest.mark.usefixtures("no_corpus")
+def test_impl_suggestions_are_implementations_available_here(
+    capsys: pytest.CaptureFixture[str], triton_unavailable: str
+) -> None:
+    line = refused(capsys, "--impl", "fuzed")
+    assert "--impl fuzed is not an implementation of adamw; did you mean 'fused'? " in line
+    assert (
+        f"Available here: foreach, fused, loop; unavailable here: triton ({triton_unavailable})"
+        in line
+    )
+    line = refused(capsys, "--impl", "tritn")
+    assert "did you mean" not in line and f"triton ({triton_unavailable})" in line
+    line = refused(capsys, "--impl", "triton")
+    assert (
+        line
+        == f"optiplug: error: --impl triton is unavailable here for adamw: {triton_unavailable}"
+    )
 
 
 # ------------------------------------------------------------------ threads

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shlex
 import sys
 from typing import Any
 
@@ -21,19 +22,22 @@ import attrs
 from .._core.registry import Registry
 from .._graph.fsdp import DEFAULT_FSDP_MIN_PARAMS
 from ..errors import OptiplugError
-from .compare import availability, compare, parse_compare, unavailable
-from .config import TrainConfig
+from .compare import availability, check_installed, compare, parse_compare, unavailable
+from .config import TrainConfig, read_run_file
 from .cpus import ThreadChoice, choose_threads
 from .data import Corpus, load_corpus
 from .launch import launch, torch_threads
-from .loop import check_run, train
+from .loop import Interrupted, check_run, train
 from .options import DEFAULT_PLOT, DEFAULT_TUNE_BUDGET, config_from_args
 from .preflight import preflight
 from .report import compare_table, header, plot_losses, report
 from .results import TrainResult
 from .tune import run_hyperparameters, run_length_budget, tune_job, tune_lrs
 
-__all__ = ["run"]
+__all__ = ["INTERRUPTED", "run"]
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 _MATPLOTLIB_MISSING = (
     "matplotlib is not installed, so no plot was written; "
@@ -186,33 +190,64 @@ def _run_single(args: argparse.Namespace, config: TrainConfig, registry: Registr
     return 0
 
 
+def _interrupted_elsewhere(config: TrainConfig) -> list[str]:
+    """What Ctrl-C outside one process's training loop leaves: what the save directory holds."""
+    if config.save is None:
+        return ["interrupted", "nothing was saved (no --save)"]
+    try:
+        held = read_run_file(config.save).get("step")
+    except OptiplugError:
+        return ["interrupted", f"no checkpoint was saved in {config.save}"]
+    return [
+        "interrupted",
+        f"the last checkpoint, step {held}, is intact in {config.save}; continue with: "
+        f"optiplug train --resume {shlex.quote(config.save)}",
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``optiplug train`` (one run, ``--nproc`` processes, or ``--compare``).
 
     Every option is checked before the corpus is read or a step is taken
     (:func:`~optiplug._train.preflight.preflight`): a mistake that would end
     the run late (a save directory under a file, a plot in a missing
-    directory, an unknown ``--impl``) costs nothing.
+    directory, an unknown ``--impl``) costs nothing. Ctrl-C prints, instead
+    of a traceback, the step the run stopped at, the last checkpoint (its
+    step, intact) and the command that resumes it.
 
     Args:
         args: the parsed arguments; ``args.registry`` is where optimizers and
             schedules are looked up.
 
     Returns:
-        0 on success (optiplug errors propagate to the CLI, which exits 2).
+        0 on success, 130 after Ctrl-C (optiplug errors propagate to the
+        CLI, which exits 2).
 
     Raises:
         OptiplugError: bad options, an unknown optimizer or schedule, a path
             that could not be written, a corpus too small, a run that cannot
             be resumed, or a failed process.
     """
-    registry: Registry = args.registry
     config = config_from_args(args)
+    try:
+        return _run(args, config)
+    except Interrupted as stop:
+        lines = stop.lines
+    except KeyboardInterrupt:
+        lines = _interrupted_elsewhere(config)
+    for line in lines:
+        print(f"optiplug: {line}", file=sys.stderr)
+    return INTERRUPTED
+
+
+def _run(args: argparse.Namespace, config: TrainConfig) -> int:
+    registry: Registry = args.registry
     _check_combinations(args, config)
     if not args.compare:
         preflight(config, registry)
         return _run_single(args, config, registry)
     entries = parse_compare(args.compare)
+    check_installed(args.compare, entries, registry)
     reasons = availability(entries, registry)
     runnable = [(name, lr) for name, lr in entries if reasons[name] is None]
     plot = (args.plot or DEFAULT_PLOT) if _matplotlib_available() else None

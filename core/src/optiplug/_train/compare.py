@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
@@ -9,19 +10,42 @@ import attrs
 
 from .._core.registry import Registry
 from ..errors import (
-    HyperparameterError,
     OptimizerUnavailableError,
     OptiplugError,
     UnknownOptimizerError,
+    closest_name,
 )
-from .config import TrainConfig
+from .config import OptionError, TrainConfig
 from .data import Corpus, load_corpus
 from .loop import train
 from .report import echo
 from .results import Skipped, TrainResult
 from .tune import run_hyperparameters
 
-__all__ = ["availability", "compare", "installed", "parse_compare", "unavailable"]
+__all__ = [
+    "availability",
+    "check_installed",
+    "compare",
+    "installed",
+    "parse_compare",
+    "unavailable",
+]
+
+
+def _parse_item(item: str) -> tuple[str, float | None]:
+    """One ``NAME`` or ``NAME=LR`` of ``--compare``; the lr must be a positive finite number."""
+    name, _, lr = item.partition("=")
+    if not lr:
+        return name.strip(), None
+    try:
+        value = float(lr)
+    except ValueError:
+        raise OptionError("compare", item, ": expected NAME or NAME=LR") from None
+    if not math.isfinite(value):
+        raise OptionError("compare", item, f": lr must be finite, got {value!r}")
+    if value <= 0:
+        raise OptionError("compare", item, f": lr must be positive, got {value!r}")
+    return name.strip(), value
 
 
 def parse_compare(text: str) -> list[tuple[str, float | None]]:
@@ -34,22 +58,43 @@ def parse_compare(text: str) -> list[tuple[str, float | None]]:
         The pairs, in order.
 
     Raises:
-        HyperparameterError: an empty list, a repeated name or an unreadable lr.
+        OptionError: an empty list, a repeated name, or an lr that is not a
+            positive finite number (naming the item as typed).
     """
-    entries: list[tuple[str, float | None]] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, lr = item.partition("=")
-        try:
-            value = float(lr) if lr else None
-        except ValueError:
-            raise HyperparameterError("compare", item, "expected NAME or NAME=LR") from None
-        entries.append((name.strip(), value))
+    entries = [_parse_item(item) for item in filter(None, (p.strip() for p in text.split(",")))]
     names = [name for name, _ in entries]
     if not entries or len(set(names)) != len(names):
-        raise HyperparameterError(
-            "compare", text, "expected distinct names separated by commas, e.g. adamw,lion,muon"
+        raise OptionError(
+            "compare", text, ": expected distinct names separated by commas, e.g. adamw,lion,muon"
         )
     return entries
+
+
+def check_installed(
+    text: str, entries: Sequence[tuple[str, float | None]], registry: Registry
+) -> None:
+    """Refuse, before anything is trained, an optimizer of ``--compare`` that is not installed.
+
+    Args:
+        text: ``--compare``'s value, as typed.
+        entries: its ``(name, lr)`` pairs, as :func:`parse_compare` returns them.
+        registry: where they are looked up.
+
+    Raises:
+        OptiplugError: naming each unknown optimizer, the closest installed
+            name (did you mean) and what is installed.
+    """
+    unknown = [name for name, _ in entries if unavailable(name, registry) == "not installed"]
+    if not unknown:
+        return
+    shown = []
+    for name in unknown:
+        suggestion = closest_name(name, registry.optimizers())
+        shown.append(f"{name!r}" + (f" (did you mean {suggestion!r}?)" if suggestion else ""))
+    what = "optimizer" if len(unknown) == 1 else "optimizers"
+    raise OptiplugError(
+        f"--compare {text}: unknown {what} {', '.join(shown)}; {installed(registry)}"
+    )
 
 
 def unavailable(name: str, registry: Registry) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,13 @@ __all__ = [
     "RESUMABLE_FIELDS",
     "RUN_FILE",
     "SAVED_DEFAULTS",
+    "OptionError",
     "TrainConfig",
+    "as_typed",
+    "option_name",
     "read_run_file",
     "run_file_payload",
+    "typed",
 ]
 
 RUN_FILE = "train.json"
@@ -35,13 +40,83 @@ _RUN_FILE_VERSION = 1
 
 _Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
+_OPTIONS = {
+    "n_layer": "--layers",
+    "n_head": "--heads",
+    "warmup_steps": "--warmup",
+    "schedule_params": "--schedule-param",
+}
+"""The :class:`TrainConfig` fields whose option is not ``--`` plus the field's name."""
+
+
+def option_name(field: str) -> str:
+    """The ``optiplug train`` option that sets ``field``: ``n_layer`` -> ``--layers``.
+
+    Args:
+        field: a :class:`TrainConfig` field.
+
+    Returns:
+        The option, as typed on the command line.
+    """
+    return _OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
+def typed(value: Any) -> str:
+    """``value`` as it is typed on the command line: ``0.01``, ``-1``, ``'my dir'``.
+
+    Args:
+        value: an option's parsed value.
+
+    Returns:
+        Floats without a needless ``.0``, strings quoted for a shell when needed.
+    """
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value or math.isnan(value) else repr(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
+
+
+def as_typed(field: str, value: Any) -> str:
+    """The option that gives ``field`` the value ``value``: ``--layers 2``.
+
+    Args:
+        field: a :class:`TrainConfig` field.
+        value: its value (``schedule_params``: ``(key, value)`` pairs).
+
+    Returns:
+        The option and its value; one ``--schedule-param KEY=VALUE`` per pair.
+    """
+    option = option_name(field)
+    if field == "schedule_params":
+        return " ".join(f"{option} {typed(f'{key}={item}')}" for key, item in value)
+    return f"{option} {typed(value)}"
+
+
+class OptionError(HyperparameterError):
+    """An ``optiplug train`` option's value is invalid; the message names the option as typed.
+
+    The message reads ``--heads 3 must divide --d-model 32`` (a reason that
+    starts with a colon follows the value directly: ``--compare adamw=-1: ...``).
+
+    Attributes:
+        option: the option (``--heads``); ``field`` stays the
+            :class:`TrainConfig` field (``n_head``).
+    """
+
+    def __init__(self, field: str, value: Any, reason: str, *, algorithm: str = "train") -> None:
+        super().__init__(field, value, reason, algorithm=algorithm)
+        self.option = option_name(field)
+        separator = "" if reason.startswith(":") else " "
+        self.message = f"{as_typed(field, value)}{separator}{reason}"
+        self.args = (self.message,)
+
 
 def _at_least(minimum: int) -> _Validator:
     def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise HyperparameterError(
-                attribute.name, value, f"must be an integer >= {minimum}", algorithm="train"
-            )
+            raise OptionError(attribute.name, value, f"must be an integer >= {minimum}")
 
     return check
 
@@ -58,37 +133,29 @@ def _optional(minimum: int) -> _Validator:
 
 def _check_lr(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
-        raise HyperparameterError(attribute.name, value, "must be a number > 0", algorithm="train")
+        raise OptionError(attribute.name, value, "must be a number > 0")
 
 
 def _check_clip(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
     ):
-        raise HyperparameterError(
-            attribute.name, value, "must be a finite number > 0", algorithm="train"
-        )
+        raise OptionError(attribute.name, value, "must be a finite number > 0")
 
 
 def _check_temperature(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise HyperparameterError(
-            attribute.name, value, "must be a finite number >= 0 (0 = greedy)", algorithm="train"
-        )
+        raise OptionError(attribute.name, value, "must be a finite number >= 0 (0 = greedy)")
 
 
 def _check_policy(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in NONFINITE_POLICIES:
-        raise HyperparameterError(
-            attribute.name, value, "must be 'stop' or 'skip'", algorithm="train"
-        )
+        raise OptionError(attribute.name, value, "must be 'stop' or 'skip'")
 
 
 def _check_parallel(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in PARALLEL_MODES:
-        raise HyperparameterError(
-            attribute.name, value, "must be 'ddp' or 'fsdp'", algorithm="train"
-        )
+        raise OptionError(attribute.name, value, "must be 'ddp' or 'fsdp'")
 
 
 def _frozen(value: Any) -> Any:
@@ -187,26 +254,25 @@ class TrainConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.d_model % self.n_head:
-            raise HyperparameterError(
-                "n_head", self.n_head, f"must divide d_model={self.d_model}", algorithm="train"
+            raise OptionError(
+                "n_head", self.n_head, f"must divide {as_typed('d_model', self.d_model)}"
             )
         if self.batch_size % self.nproc:
-            raise HyperparameterError(
+            raise OptionError(
                 "batch_size",
                 self.batch_size,
-                f"must be divisible by nproc={self.nproc} (each process takes batch_size / nproc)",
-                algorithm="train",
+                f"must be divisible by {as_typed('nproc', self.nproc)} "
+                "(each process takes --batch-size / --nproc windows)",
             )
         if self.nproc > 1 and self.device != "cpu":
-            raise HyperparameterError(
-                "device", self.device, "--nproc runs gloo processes on the CPU", algorithm="train"
+            raise OptionError(
+                "device", self.device, "cannot be used: --nproc runs gloo processes on the CPU"
             )
         if self.parallel == "fsdp" and self.device != "cpu":
-            raise HyperparameterError(
+            raise OptionError(
                 "device",
                 self.device,
-                "--parallel fsdp runs gloo processes on the CPU",
-                algorithm="train",
+                "cannot be used: --parallel fsdp runs gloo processes on the CPU",
             )
 
     @property

@@ -8,6 +8,9 @@ every process runs :func:`train`; rank 0 logs, evaluates and reports.
 from __future__ import annotations
 
 import contextlib
+import shlex
+import signal
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import IO, Any
@@ -28,7 +31,7 @@ from .optim import effective_hparams, make_schedule, resolve_optimizer
 from .report import Progress, echo, run_header
 from .results import TrainResult
 
-__all__ = ["build_graph", "check_run", "seeded_model", "train"]
+__all__ = ["Interrupted", "build_graph", "check_run", "seeded_model", "train"]
 
 _FINAL_WINDOWS = 4096
 
@@ -210,19 +213,52 @@ def _loop(
     config: TrainConfig,
     corpus: Corpus,
     evaluator: _Evaluator,
-    progress: Progress,
-) -> _Curves:
-    curves = _Curves()
-    if evaluator.active:
-        evaluator.point(graph.training_step, curves, progress)
+    tracking: tuple[Progress, _Curves],
+) -> None:
+    progress, curves = tracking
     try:
+        if evaluator.active:
+            evaluator.point(graph.training_step, curves, progress)
         for loss in _steps(graph, config.last_step):
             _after_step(graph, config, corpus, float(loss), (evaluator, progress, curves))
     except GraphError as error:  # a non-finite loss, gradient or state: nothing more is saved
         progress.close()
         raise OptiplugError(_stopped(error, config, curves)) from error
+    except KeyboardInterrupt:
+        progress.close()  # end the progress line before the message
+        raise
     progress.close()
-    return curves
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Within: Ctrl-C takes effect when the block ends, so a save is never cut in half.
+
+    Only in one process, on the main thread, under Python's own SIGINT
+    handler: ranks of a distributed run save together and must stop together.
+    """
+    if (
+        _ranks.active()
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _save(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) -> None:
+    """Save the run (Ctrl-C waits for the save) and record the step saved."""
+    with _ctrl_c_deferred():
+        save_run(graph, config, corpus)
+        curves.saved_at = graph.training_step
 
 
 def _after_step(
@@ -240,8 +276,7 @@ def _after_step(
     if evaluator.due(step) and step != curves.val[-1][0]:
         evaluator.point(step, curves, progress)
     if config.save and config.save_every and step % config.save_every == 0:
-        save_run(graph, config, corpus)
-        curves.saved_at = step
+        _save(graph, config, corpus, curves)
 
 
 def _stopped(error: GraphError, config: TrainConfig, curves: _Curves) -> str:
@@ -259,6 +294,55 @@ def _stopped(error: GraphError, config: TrainConfig, curves: _Curves) -> str:
         "" if config.nonfinite == "skip" else ", or skip such batches with --nonfinite skip"
     )
     return f"training stopped: {error}; {kept}; {hint}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run: where it stopped, and what is saved.
+
+    Attributes:
+        lines: what to tell the user: the step it stopped at, then the last
+            checkpoint (its step and where) and how to resume, or that
+            nothing was saved.
+    """
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def _first_save(config: TrainConfig, start: int) -> int:
+    """The step of this run's first save: the first multiple of ``--save-every``, or the end."""
+    if config.save_every:
+        due = (start // config.save_every + 1) * config.save_every
+        return min(due, config.last_step)
+    return config.last_step
+
+
+def _interrupted(
+    config: TrainConfig, step: int, start: int, saved_at: int | None, label: str
+) -> list[str]:
+    """What Ctrl-C at ``step`` leaves: the step, the intact checkpoint and the resume command."""
+    stopped = f"{label}interrupted at step {step} of {config.last_step}"
+    if saved_at is not None and config.save:
+        where: tuple[str, int] | None = (config.save, saved_at)
+    elif config.resume:
+        where = (config.resume, start)  # untouched since it was loaded
+    else:
+        where = None
+    if where is not None:
+        directory, held = where
+        return [
+            stopped,
+            f"the last checkpoint, step {held}, is intact in {directory}; continue with: "
+            f"optiplug train --resume {shlex.quote(directory)}",
+        ]
+    if config.save:
+        return [
+            stopped,
+            f"no checkpoint was saved yet (the first was due at step "
+            f"{_first_save(config, start)}), so there is nothing to resume in {config.save}",
+        ]
+    return [stopped, "nothing was saved (no --save)"]
 
 
 # ------------------------------------------------------------------ results
@@ -356,6 +440,8 @@ def train(
     Raises:
         OptiplugError: an unknown optimizer or schedule, bad hyperparameters, a
             corpus too small, or a checkpoint that cannot be resumed.
+        Interrupted: Ctrl-C once training began (a save in progress is
+            finished first); it says where the run stopped and what is saved.
     """
     corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
@@ -377,14 +463,19 @@ def train(
         val_label=f"val({len(evaluator.curve_rows)}w)",
     )
     began = time.perf_counter()
-    curves = _loop(graph, config, corpus, evaluator, progress)
-    seconds = time.perf_counter() - began
-    if config.save and curves.saved_at != graph.training_step:
-        save_run(graph, config, corpus)
-    if not lead and not sharded:
-        torch.distributed.barrier()
-        return None
-    measured = _finish(graph, config, corpus, curves)
+    curves = _Curves()
+    try:
+        _loop(graph, config, corpus, evaluator, (progress, curves))
+        seconds = time.perf_counter() - began
+        if config.save and curves.saved_at != graph.training_step:
+            _save(graph, config, corpus, curves)
+        if not lead and not sharded:
+            torch.distributed.barrier()
+            return None
+        measured = _finish(graph, config, corpus, curves)
+    except KeyboardInterrupt:
+        lines = _interrupted(config, graph.training_step, start, curves.saved_at, label)
+        raise Interrupted(lines) from None
     if not lead:
         torch.distributed.barrier()
         return None

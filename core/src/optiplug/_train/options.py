@@ -16,6 +16,8 @@ from .config import (
     PARALLEL_MODES,
     RESUMABLE_FIELDS,
     TrainConfig,
+    as_typed,
+    option_name,
     read_run_file,
 )
 
@@ -256,20 +258,40 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+_UNSET_MEANS = {
+    "lr": "the optimizer's default lr",
+    "warmup_steps": "the default warm-up (--steps / 20)",
+    "impl": "the implementation chosen by measuring (no --impl)",
+}
+"""What a run saved without the option used, where "without --X" says too little."""
+
+
+def _saved_with(field: str, value: Any) -> str:
+    """What the saved run used for ``field``, in options: ``--layers 1``, ``without --clip``."""
+    if value is None or value == ():
+        unset = _UNSET_MEANS.get(field)
+        return f"with {unset}" if unset else f"without {option_name(field)}"
+    return f"with {as_typed(field, value)}"
+
+
+def _conflict(field: str, given: Any, saved: Any) -> str:
+    return (
+        f"{as_typed(field, given)} cannot change on resume: "
+        f"the run was saved {_saved_with(field, saved)}"
+    )
+
+
 def _merge_resumed(given: dict[str, Any], directory: str) -> dict[str, Any]:
     saved = read_run_file(directory)
     options = dict(saved["options"])
     options["schedule_params"] = tuple(tuple(pair) for pair in options["schedule_params"])
     conflicts = [
-        f"{name}={given[name]!r} (saved: {options[name]!r})"
+        _conflict(name, given[name], options[name])
         for name in RESUMABLE_FIELDS
         if name in given and given[name] != options[name]
     ]
     if conflicts:
-        raise OptiplugError(
-            f"--resume {directory!r}: these options differ from the saved run's and cannot "
-            f"change: {', '.join(conflicts)}"
-        )
+        raise OptiplugError("; ".join(conflicts))
     # a resumed run keeps saving into the directory it resumed from
     return {"steps": saved["steps"], "save": directory, **options, **given}
 

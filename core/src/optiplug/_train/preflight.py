@@ -11,6 +11,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ from typing import Any
 import attrs
 
 from .._core.registry import Registry
+from .._core.specs import ImplementationSpec
 from ..cli.schedule import check_plot_path
-from ..errors import HyperparameterError, OptiplugError
-from .config import TrainConfig
+from ..errors import OptiplugError, closest_name
+from .config import OptionError, TrainConfig
 from .optim import make_schedule
 
 __all__ = ["check_data_path", "check_implementation", "check_output_dir", "preflight"]
@@ -30,7 +32,8 @@ def check_output_dir(path: str | os.PathLike[str], option: str = "--save") -> No
     """Refuse a directory that could not be created or written to.
 
     The directory itself, or else its nearest existing ancestor, must be a
-    writable directory: no component of the path may be a file.
+    writable directory: no component of the path may be a file, and
+    creating a directory there (removed at once) must succeed.
 
     Args:
         path: the directory a run will save to (it need not exist yet).
@@ -38,7 +41,8 @@ def check_output_dir(path: str | os.PathLike[str], option: str = "--save") -> No
 
     Raises:
         OptiplugError: a component of the path is a file, or the directory
-            (or the ancestor it would be created in) is not writable.
+            (or the ancestor it would be created in) is not writable or
+            nothing can be created in it (``/proc``, a read-only mount).
     """
     shown = str(path)
     target = Path(os.path.abspath(path))
@@ -53,6 +57,26 @@ def check_output_dir(path: str | os.PathLike[str], option: str = "--save") -> No
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == target else f" ({str(existing)!r}, where it would be created)"
         raise OptiplugError(f"{option} {shown!r}: the directory{where} is not writable")
+    _probe(existing, f"{option} {shown!r}")
+
+
+def _probe(directory: Path, named: str) -> None:
+    """Create and remove a directory in ``directory``: what saving does first.
+
+    Permission bits do not tell it all (``/proc`` looks writable to root, a
+    read-only mount to everyone), so the check is the operation itself.
+
+    Raises:
+        OptiplugError: nothing can be created there (with the system's reason).
+    """
+    try:
+        probe = tempfile.mkdtemp(prefix=".optiplug-write-check-", dir=directory)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OptiplugError(
+            f"{named}: cannot create a directory in {str(directory)!r} ({reason})"
+        ) from None
+    os.rmdir(probe)
 
 
 def check_data_path(path: str | None) -> None:
@@ -68,8 +92,17 @@ def check_data_path(path: str | None) -> None:
         raise OptiplugError(f"--data {path!r}: no such file or directory")
 
 
+def _unavailable_reason(impl: ImplementationSpec) -> str | None:
+    """Why ``impl`` cannot run on this machine (a check that raises is a reason too), or None."""
+    try:
+        reason = impl.unavailable_reason()
+    except Exception as error:  # a plugin's check: its failure is the reason, never a crash
+        return f"availability check raised {type(error).__name__}: {error}"
+    return None if reason is None else str(reason)
+
+
 def check_implementation(registry: Registry, name: str, impl: str | None) -> None:
-    """Refuse an ``--impl`` that optimizer ``name`` does not have.
+    """Refuse an ``--impl`` that optimizer ``name`` does not have, or that cannot run here.
 
     Args:
         registry: where the optimizer is registered.
@@ -77,17 +110,29 @@ def check_implementation(registry: Registry, name: str, impl: str | None) -> Non
         impl: the forced implementation, or None (measured: nothing to check).
 
     Raises:
-        HyperparameterError: ``impl`` names none of its implementations (the
-            message lists them, as creating the optimizer would).
+        OptionError: ``impl`` names none of its implementations (the message
+            suggests the closest one that can run here, and lists those that
+            can and those that cannot, with why), or one that cannot run here.
     """
     if impl is None:
         return
-    names = sorted({found.name for found in registry.implementations(name)})
-    if impl not in names:
-        available = ", ".join(names) or "none registered"
-        raise HyperparameterError(
-            "impl", impl, f"no such implementation; available: {available}", algorithm=name
+    reasons = {found.name: _unavailable_reason(found) for found in registry.implementations(name)}
+    if impl in reasons:
+        if reasons[impl] is not None:
+            raise OptionError("impl", impl, f"is unavailable here for {name}: {reasons[impl]}")
+        return
+    if not reasons:
+        raise OptionError(
+            "impl", impl, f"is not an implementation of {name}, which has only one: drop --impl"
         )
+    runnable = sorted(found for found, reason in reasons.items() if reason is None)
+    suggestion = closest_name(impl, runnable)
+    hint = f" did you mean {suggestion!r}?" if suggestion else ""
+    listed = f"{'A' if hint else 'a'}vailable here: {', '.join(runnable) or 'none'}"
+    others = [f"{found} ({reason})" for found, reason in sorted(reasons.items()) if reason]
+    if others:
+        listed += f"; unavailable here: {', '.join(others)}"
+    raise OptionError("impl", impl, f"is not an implementation of {name};{hint} {listed}")
 
 
 def _check_optimizer(config: TrainConfig, registry: Registry, name: str, lr: float | None) -> None:

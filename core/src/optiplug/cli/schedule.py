@@ -227,17 +227,18 @@ def run(args: argparse.Namespace) -> int:
             ``registry``).
 
     Returns:
-        0 on success; 2 when ``--steps`` is negative or matplotlib is missing.
+        0 on success; 2 when matplotlib is missing.
 
     Raises:
         UnknownScheduleError: no such schedule.
         HyperparameterError: a missing or invalid schedule parameter.
-        OptiplugError: a ``--plot`` path that could not be written (checked
-            before anything is computed).
+        OptiplugError: ``--steps`` below 1, or a ``--plot`` path that could
+            not be written (checked before anything is computed).
     """
-    if args.steps < 0:
-        print("optiplug: error: --steps must be >= 0", file=sys.stderr)
-        return 2
+    if args.steps < 1:
+        raise OptiplugError(
+            f"--steps {args.steps} must be an integer >= 1 (the table shows steps 0 to N)"
+        )
     if args.plot and not _matplotlib_available():
         print(f"optiplug: error: {_MATPLOTLIB_MISSING}", file=sys.stderr)
         return 2
@@ -255,7 +256,7 @@ def _build(registry: Registry, name: str, kwargs: dict[str, Any], steps: int) ->
     """Schedule ``name`` of ``registry``; ``total_steps`` defaults to ``steps`` when it takes one."""
     factory = registry.schedule_spec(name).factory
     if "total_steps" not in kwargs and _accepts(factory, "total_steps"):
-        kwargs["total_steps"] = max(1, steps)
+        kwargs["total_steps"] = steps
     return registry.schedule(name, **kwargs)
 
 

@@ -18,7 +18,10 @@ the same parameters (torch's default ``zero_grad`` sets them to None and
 backward recreates them) only repoint the table's gradient column: their
 addresses are read, and copied to the device when they moved. A parameter
 gaining or losing its gradient, ``add_param_group`` and ``load_state_dict``
-rebuild the table. Replacing a parameter's or a state tensor's storage in
+rebuild the table. Before any table is rebuilt, every parameter and gradient
+of every group to rebuild is checked (dense, float32/bfloat16/float16, the
+parameter's device and shape): a step refused for one of them creates no
+state and moves no parameter, in any group. Replacing a parameter's or a state tensor's storage in
 place (``param.data = ...``) is not detected: call :meth:`refresh` after
 doing so.
 """
@@ -76,6 +79,8 @@ class _Bucket:
         if any(g is None for g in new) or not self.contiguous:
             return None
         present: list[Tensor] = new  # type: ignore[assignment]  # no None, checked above
+        if any(g.dtype != self.dtype or g.device != self.device for g in present):
+            return None  # a rebuild checks it, or copies it to the parameter's dtype
         try:
             if not all(map(Tensor.is_contiguous, present)):
                 return None
@@ -199,6 +204,24 @@ def _decay_factor(lr: float | Tensor, weight_decay: float) -> float:
 def _ln(beta: float) -> float:
     """``log(beta)`` for the bias corrections (``-inf`` for 0)."""
     return math.log(beta) if beta > 0 else -math.inf
+
+
+def _step_problem(param: Tensor, grad: Tensor) -> str | None:
+    """What keeps the kernels from stepping ``param`` with ``grad``, or None."""
+    if not triton_supported([param]):
+        return (
+            f"the parameter is {_describe([param])}; the kernels need dense float32, bfloat16 "
+            "or float16 tensors on a CUDA device (or on the CPU with TRITON_INTERPRET=1)"
+        )
+    if grad.layout is not torch.strided:
+        return f"its gradient is sparse ({grad.layout}); the kernels need dense gradients"
+    if not grad.dtype.is_floating_point:
+        return f"its gradient has dtype {grad.dtype}; the kernels need real floating gradients"
+    if grad.device != param.device:
+        return f"its gradient is on {grad.device}, the parameter on {param.device}"
+    if grad.shape != param.shape:
+        return f"its gradient has shape {tuple(grad.shape)}"
+    return None
 
 
 def _describe(params: Sequence[Tensor]) -> str:
@@ -414,19 +437,54 @@ class TritonOptimizer(torch.optim.Optimizer):
             self._aux[device] = aux
         return aux
 
-    def _plan(self, index: int, group: dict[str, Any]) -> _Plan:
-        params: list[Tensor] = group["params"]
-        grads: list[Tensor | None] = list(map(_GRAD, params))
-        plan = self._plans.get(index)
-        if (
-            plan is not None
-            and plan.same_params(params)
-            and (plan.same_grads(grads) or plan.refresh_grads(grads))
-        ):
-            return plan
-        plan = self._build(group, params, grads)
-        self._plans[index] = plan
-        return plan
+    def _step_plans(self) -> list[_Plan]:
+        """Every group's table; stale ones are rebuilt once every group's tensors passed checks.
+
+        Raises:
+            HyperparameterError: a parameter or gradient the kernels cannot run
+                (field ``impl``); no state was created and nothing changed.
+        """
+        plans: dict[int, _Plan] = {}
+        stale: list[tuple[int, dict[str, Any], list[Tensor], list[Tensor | None]]] = []
+        for index, group in enumerate(self.param_groups):
+            params: list[Tensor] = group["params"]
+            grads: list[Tensor | None] = list(map(_GRAD, params))
+            plan = self._plans.get(index)
+            if (
+                plan is not None
+                and plan.same_params(params)
+                and (plan.same_grads(grads) or plan.refresh_grads(grads))
+            ):
+                plans[index] = plan
+            else:
+                stale.append((index, group, params, grads))
+        for index, _, params, grads in stale:
+            self._check_step_tensors(index, params, grads)
+        for index, group, params, grads in stale:
+            plans[index] = self._plans[index] = self._build(group, params, grads)
+        return [plans[index] for index in range(len(self.param_groups))]
+
+    def _check_step_tensors(
+        self, index: int, params: list[Tensor], grads: list[Tensor | None]
+    ) -> None:
+        """Refuse, before any state exists, a parameter or gradient the kernels cannot run.
+
+        Raises:
+            HyperparameterError: field ``impl``, naming the parameter's
+                position and what is wrong with it.
+        """
+        for position, (param, grad) in enumerate(zip(params, grads, strict=True)):
+            if grad is None:
+                continue
+            problem = _step_problem(param, grad)
+            if problem is not None:
+                where = f"parameter {position} of param group {index} (shape {tuple(param.shape)})"
+                raise HyperparameterError(
+                    "impl",
+                    "triton",
+                    f"cannot step {where}: {problem}; nothing was changed",
+                    algorithm=self.algorithm,
+                )
 
     def _build(
         self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor | None]
@@ -436,10 +494,6 @@ class TritonOptimizer(torch.optim.Optimizer):
         for position, (param, grad) in enumerate(zip(params, grads, strict=True)):
             if grad is None:
                 continue
-            if grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            if torch.is_complex(param):
-                raise RuntimeError(f"{type(self).__name__} does not support complex parameters")
             if grad.dtype != param.dtype or (param.numel() > 1 and grad.stride() != param.stride()):
                 grad = torch.empty_like(param).copy_(grad)  # a copy: rebuilt every step
                 volatile = True
@@ -504,6 +558,12 @@ class TritonOptimizer(torch.optim.Optimizer):
 
         Returns:
             The closure's loss, or None.
+
+        Raises:
+            HyperparameterError: a parameter or gradient the kernels cannot
+                run (sparse, complex, another device or shape, a dtype other
+                than float32/bfloat16/float16); raised before any state is
+                created or any parameter updated, in any group.
         """
         loss = closure_loss(closure)
         if grad_scale is None:
@@ -511,8 +571,8 @@ class TritonOptimizer(torch.optim.Optimizer):
         if found_inf is None:
             found_inf = getattr(self, "found_inf", None)
         used: set[torch.device] = set()
-        for index, group in enumerate(self.param_groups):
-            plan = self._plan(index, group)
+        plans = self._step_plans()  # every check before any state or launch
+        for group, plan in zip(self.param_groups, plans, strict=True):
             for bucket in plan.buckets:
                 aux = self._aux_tensors(bucket.device)
                 scale = _on(grad_scale, bucket.device)
