@@ -133,7 +133,9 @@ def test_fp16_unscales_before_clipping() -> None:
     # clipping the scaled gradients would see a norm ~65536x larger)
     _, fp32_norms = graph_run(4)
     assert all(math.isfinite(n) for n in norms) and min(norms) > MAX_NORM
-    assert norms[0] == pytest.approx(fp32_norms[0], rel=1e-2)
+    # fp16's unit roundoff is 2**-11; the first norm passes through a forward and
+    # backward with inner dimensions 6 and 16, so it may be off by (6 + 16) units
+    assert norms[0] == pytest.approx(fp32_norms[0], rel=(6 + 16) * 2**-11)
 
 
 def test_infinite_max_norm_measures_without_changing_the_update() -> None:
