@@ -40,6 +40,17 @@ def build_wheel(where: Path, dist: str, plugin_source: str, entry_name: str) -> 
     return wheel
 
 
+@pytest.fixture(autouse=True)
+def _own_autotune_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each test (and the interpreters it starts) keeps autotune choices in its own empty directory.
+
+    Never in the user's ~/.cache, and never a choice another test measured.
+    """
+    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path_factory.mktemp("optiplug-cache")))
+
+
 @pytest.fixture
 def make_distribution(tmp_path: Path) -> Callable[..., Path]:
     """Build a throwaway plugin distribution and pip-install it into its own directory.

@@ -6,6 +6,7 @@ import ast
 import base64
 import importlib
 import io
+import json
 import pickle
 import re
 import subprocess
@@ -22,6 +23,7 @@ import optiplug
 import optiplug.base
 import optiplug.builtin_schedules
 import optiplug.checkpoint
+import optiplug.cli
 from optiplug.errors import PluginError, UnknownOptimizerError, UnknownScheduleError
 
 # Pickled by optiplug 0.1.0 (the flat layout): optiplug.factory("sgd", lr=0.5,
@@ -404,3 +406,57 @@ def test_imports_inside_functions_only_defer_torch_or_optional_packages(path: Pa
         if not re.search(r"# deferred: (imports torch|optional dependency)$", text)
     ]
     assert unmarked == []
+
+
+# ------------------------------------------------------------------ no layer reaches up
+# The core and the layers below it (docs/architecture.md); every other module
+# of optiplug sits above the core.
+_CORE_AND_BELOW = ("_core", "_text", "_compat", "validators", "_lazy", "errors")
+
+_MODULES_A_REGISTRY_IMPORTS = """
+import json, sys
+import optiplug
+before = set(sys.modules)
+bare = optiplug.Registry(autoload=False, strict=True)
+bare.optimizers(), bare.schedules(), bare.plugins(), bare.command_specs()
+optiplug.Registry(autoload=True)
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_registry_imports_no_module_above_the_core() -> None:
+    """Creating and querying registries imports nothing above the core.
+
+    The built-ins of the layers above (schedules, rules, commands, train) are
+    added by the layers that own them, never imported by name from the core.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _MODULES_A_REGISTRY_IMPORTS],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    imported = json.loads(done.stdout)
+    above = [
+        name
+        for name in imported
+        if name.startswith("optiplug.") and name.split(".")[1] not in _CORE_AND_BELOW
+    ]
+    assert above == []
+
+
+def test_a_bare_registry_has_the_builtin_schedules_and_rules_only() -> None:
+    plugins = {info.name: info for info in optiplug.Registry(autoload=False).plugins()}
+    assert set(plugins) == {"schedules", "rules"}
+    assert {info.distribution for info in plugins.values()} == {"optiplug"}
+
+
+def test_the_command_line_adds_the_builtin_commands_to_its_registry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    registry = optiplug.Registry(autoload=False)
+    assert optiplug.cli.main(["list", "--json"], registry=registry) == 0
+    capsys.readouterr()
+    names = {info.name for info in registry.plugins()}
+    assert {"schedules", "rules", "commands", "train"} <= names
+    assert registry.load_distribution("no-such-distribution") == []

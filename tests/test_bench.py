@@ -163,6 +163,7 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.cuda
 def test_more_tensors_than_parameters_or_a_missing_device_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

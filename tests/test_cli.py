@@ -116,3 +116,18 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     ok = subprocess.run([sys.executable, "-m", "optiplug", "list"], capture_output=True, text=True)
     assert ok.returncode == 0 and "optiplug-adamw" in ok.stdout
+
+
+@pytest.mark.parametrize("command", ["list", "list --json"])
+def test_list_imports_no_torch(command: str) -> None:
+    """``optiplug list`` stays fast: no plugin hook or availability check imports torch."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from optiplug import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    status = cli.main({command.split()!r})\n"
+        "print(status, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "False"]

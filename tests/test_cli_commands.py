@@ -84,6 +84,8 @@ def test_third_party_command_help_shows_its_description(
 
 
 def test_commands_are_listed_with_their_provider(registry: optiplug.Registry) -> None:
+    assert {spec.name for spec in registry.command_specs()} == {"broken", "greet"}
+    registry.load_distribution("optiplug")  # what optiplug.cli.main does: the built-ins
     specs = {spec.name: spec for spec in registry.command_specs()}
     assert set(specs) == {"broken", "greet", *set().union(*BUILTIN_COMMANDS.values())}
     assert specs["greet"].provider is not None and specs["greet"].provider.plugin == "acme"

@@ -785,6 +785,7 @@ def optiplug_fused_class(name: str) -> Any:
 
 
 # ------------------------------------------------------------------ availability, supports
+@pytest.mark.cuda
 def test_availability_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(availability.INTERPRET_VARIABLE, "1")
     if availability.triton_installed():
@@ -797,6 +798,7 @@ def test_availability_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not availability.triton_supported([torch.zeros(3)])
 
 
+@pytest.mark.cuda
 def test_supports(monkeypatch: pytest.MonkeyPatch) -> None:
     if not availability.triton_installed():
         pytest.skip("triton is not installed")
@@ -817,6 +819,7 @@ def test_supports(monkeypatch: pytest.MonkeyPatch) -> None:
         assert supported([torch.zeros(3, device="cuda")])
 
 
+@pytest.mark.cuda
 def test_forced_triton_refused_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(availability.INTERPRET_VARIABLE, raising=False)
     params = [torch.nn.Parameter(torch.zeros(3))]

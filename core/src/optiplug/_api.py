@@ -3,7 +3,8 @@
 This is the only module that owns the default registry: every function here
 wraps a :class:`~optiplug.Registry` method (as ``httpx.get`` wraps a
 ``Client``), and objects that carry no registry find this one through the
-provider installed below.
+provider installed below. It also provides the built-in plugins of the layers
+below it (schedules, selection rules), which every registry registers first.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ._auto import rules as _rules
 from ._core.binding import provide_default_registry
+from ._core.builtin import provide_builtin_plugins
 from ._core.create import OptimizerFactory
 from ._core.registry import Registry
 from ._core.specs import OptimizerSpec, PluginInfo, Problem
+from ._schedules import plugin as _schedules_plugin
 from ._schedules.base import Schedule
 from ._state.memory import MemoryEstimate, MemoryReport
 from ._state.memory import estimate as _estimate
@@ -274,3 +278,4 @@ def estimate_memory(
 
 
 provide_default_registry(default_registry)
+provide_builtin_plugins((("schedules", _schedules_plugin), ("rules", _rules)))

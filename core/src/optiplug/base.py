@@ -39,14 +39,14 @@ from typing import Any, ClassVar, Protocol, cast
 import attrs
 import torch
 
-# torch's own check; torch.optim.optimizer does not list it in __all__
-from torch.optim.optimizer import (  # type: ignore[attr-defined]
-    _get_fused_kernels_supported_devices,
-)
-
 from ._core import autotune as _autotune
 from ._core import groups as _groups
-from ._core.implementations import TORCH_IMPLEMENTATION_FLAGS, torch_implementations
+from ._core.implementations import (
+    TORCH_IMPLEMENTATION_FLAGS,
+    foreach_supported,
+    fused_supported,
+    torch_implementations,
+)
 from ._core.params import (
     GROUP_META_KEYS,
     NamedParamGroup,
@@ -105,7 +105,6 @@ class Supports(Protocol):
         """True when every tensor (device, dtype, layout) is supported."""
 
 
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _UNSET: Any = object()
 _OWN_PACKAGES = frozenset({"optiplug", "torch"})
 
@@ -127,52 +126,6 @@ def closure_loss(closure: Callable[[], Any] | None) -> Any:
         return None
     with torch.enable_grad():
         return closure()
-
-
-def fused_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's fused kernels can run ``params``.
-
-    They need dense floating tensors (fp16, bf16, fp32, fp64) all on one
-    device of a type torch has fused kernels for (CPU, CUDA, MPS, XPU...),
-    and plain tensors: not distributed DTensors (FSDP's sharded
-    parameters), since not every fused kernel has a DTensor sharding rule
-    (torch 2.13's fused SGD has none) and this check is shared by every
-    torch-backed algorithm; their foreach and loop paths run DTensors.
-
-    Args:
-        params: the parameter tensors.
-
-    Returns:
-        True when every tensor qualifies.
-    """
-    devices = {p.device for p in params}
-    if len(devices) > 1:
-        return False
-    supported = set(_get_fused_kernels_supported_devices())
-    return all(
-        p.device.type in supported
-        and p.dtype in _FUSED_DTYPES
-        and p.layout is torch.strided
-        and not _distributed(p)
-        for p in params
-    )
-
-
-def _distributed(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a distributed tensor (a ``DTensor``: it has ``to_local``)."""
-    return hasattr(tensor, "to_local")
-
-
-def foreach_supported(params: Sequence[torch.Tensor]) -> bool:
-    """Whether torch's foreach (multi-tensor) paths can run ``params`` (dense tensors).
-
-    Args:
-        params: the parameter tensors.
-
-    Returns:
-        True when every tensor is dense (strided).
-    """
-    return all(p.layout is torch.strided for p in params)
 
 
 def caller_stacklevel(packages: Iterable[str] = ()) -> int:

@@ -39,6 +39,18 @@ own winner drift apart. Inside :func:`agreed_across_ranks` (which
 ``Graph.set_optimizer`` enters on every rank) each rank measures and the
 slowest rank's time decides, through one all-reduce; elsewhere in a
 multi-process group nothing is measured and the declared priority decides.
+
+Choices also persist across processes (:mod:`.autotune_cache`): a measured
+choice is written to a JSON file per machine, keyed by the algorithm, the
+candidates, the parameters' sizes, dtype and device, torch's version, the
+device's name and torch's thread count, and a later process with the same key
+takes it from there without measuring (its :func:`measurements` record says
+``source="cache"``). A choice left provisional because a candidate ran out of
+warm-up time is completed at exit, once that candidate's one-time cost has
+been paid: the candidates are measured again then, and a complete result is
+written. ``OPTIPLUG_AUTOTUNE_CACHE=0`` neither reads nor writes the file;
+:func:`clear_autotune_cache` removes it. Under ``torch.distributed`` the file
+is not used: the ranks agree on a measured choice as above.
 """
 
 from __future__ import annotations
@@ -53,12 +65,14 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
 from ..errors import HyperparameterError, OptimizerUnavailableError, PluginWarning
+from . import autotune_cache as _stored
 from . import ranks as _ranks
 from .env import env_flag
 from .specs import ImplementationSpec
@@ -70,9 +84,11 @@ __all__ = [
     "WARMUP_STEPS",
     "Measurement",
     "agreed_across_ranks",
+    "autotune_cache_path",
     "availability_reason",
     "budgets",
     "choose",
+    "clear_autotune_cache",
     "clear_cache",
     "decisions",
     "exclusions",
@@ -115,6 +131,7 @@ _measurements: dict[tuple[Any, ...], Measurement] = {}
 _failures: dict[tuple[str, str, str], str] = {}
 _exclusions: dict[tuple[str, str], dict[str, str]] = {}
 _warming: dict[tuple[str, str, str, str], threading.Thread] = {}
+_pending: dict[str, _Pending] = {}
 _agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
     "optiplug_autotune_agreement", default=None
 )
@@ -136,6 +153,9 @@ class Measurement:
         tensors: how many synthetic tensors were timed.
         elements: how many elements they hold in all.
         seconds: wall time the whole measurement took.
+        source: ``"measured"`` in this process, or ``"cache"``: read from the
+            autotune cache file, nothing timed (the timings are the stored
+            ones, ``tensors`` and ``elements`` are 0).
     """
 
     winner: str
@@ -145,6 +165,19 @@ class Measurement:
     tensors: int = 0
     elements: int = 0
     seconds: float = 0.0
+    source: str = "measured"
+
+
+@attrs.frozen
+class _Pending:
+    """A provisional choice to measure again at exit and write to the cache file if complete."""
+
+    algorithm: str
+    candidates: tuple[ImplementationSpec, ...]
+    sample: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
+    hparams: dict[str, Any]
+    fields: dict[str, Any]
+    file: Path
 
 
 def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
@@ -168,7 +201,8 @@ def measurements() -> dict[tuple[Any, ...], Measurement]:
     A measurement in which a candidate was dropped for its budget is kept
     here but not cached as a decision (outside an agreement across ranks):
     the next creation measures again, when that candidate's one-time cost
-    has been paid in the background.
+    has been paid in the background. A choice taken from the autotune cache
+    file is recorded here too, with ``source="cache"``.
 
     Returns:
         A copy: key -> measurement.
@@ -192,13 +226,42 @@ def exclusions() -> dict[tuple[str, str], dict[str, str]]:
 
 
 def clear_cache() -> None:
-    """Forget every measured choice, own and agreed, and every recorded failure."""
+    """Forget every measured choice, own and agreed, and every recorded failure.
+
+    The autotune cache file is kept (:func:`clear_autotune_cache` removes it);
+    provisional choices are no longer completed at exit.
+    """
     with _lock:
+        _pending.clear()
         _decisions.clear()
         _agreed.clear()
         _measurements.clear()
         _failures.clear()
         _exclusions.clear()
+
+
+def autotune_cache_path() -> Path:
+    """The autotune cache file of this user and machine.
+
+    Returns:
+        ``autotune.json`` in ``$OPTIPLUG_CACHE_DIR``, else in
+        ``$XDG_CACHE_HOME/optiplug``, else in ``~/.cache/optiplug``.
+    """
+    return _stored.path()
+
+
+def clear_autotune_cache() -> bool:
+    """Remove the autotune cache file, so that later processes measure again.
+
+    The choices already made in this process are kept (:func:`clear_cache`
+    forgets them).
+
+    Returns:
+        Whether there was a file to remove.
+    """
+    with _lock:
+        _pending.clear()
+    return _stored.clear()
 
 
 def implementation_failures() -> dict[tuple[str, str, str], str]:
@@ -462,12 +525,56 @@ def _finish_background_warmups() -> None:
     Interpreter shutdown would otherwise stop a thread inside native code (a
     compilation), which aborts the process. Registered with the hooks that
     run before ``concurrent.futures`` shuts its executors down (compilers use
-    them), where this Python has them, else with :mod:`atexit`.
+    them), where this Python has them, else with :mod:`atexit`. Then the
+    provisional choices are completed for the cache file
+    (:func:`_complete_provisional`), and warm-ups that left behind are waited
+    for in turn.
     """
+    _join_warmups()
+    _complete_provisional()
+    _join_warmups()
+
+
+def _join_warmups() -> None:
     with _lock:
         threads = list(_warming.values())
     for thread in threads:
         thread.join(_EXIT_WAIT)
+
+
+def _complete_provisional() -> None:
+    """Measure the provisional choices again now that late warm-ups are done; store complete ones.
+
+    Bounded by one overall budget for all of them; nothing here may raise
+    at exit, so a candidate that fails, or a choice still incomplete, just
+    leaves the cache file as it was.
+    """
+    with _lock:
+        pending = list(_pending.values())
+        _pending.clear()
+    if not pending:
+        return
+    try:
+        per_candidate, overall = budgets(pending[0].sample[0][2])
+    except Exception:
+        return
+    deadline = time.perf_counter() + overall
+    for item in pending:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        with contextlib.suppress(Exception):
+            _complete(item, (min(per_candidate, left), left))
+
+
+def _complete(item: _Pending, budget: tuple[float, float]) -> None:
+    """Measure ``item`` again within ``budget``; store the result unless a candidate was late."""
+    sample = [
+        torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in item.sample
+    ]
+    found = measure(item.algorithm, item.candidates, sample, item.hparams, budget=budget)
+    if not found.late:
+        _stored.store(item.fields, found.winner, found.timings, item.file)
 
 
 getattr(threading, "_register_atexit", atexit.register)(_finish_background_warmups)
@@ -656,6 +763,11 @@ def choose(
         params: the user's parameter tensors (only their metadata is used).
         hparams: hyperparameters to time with (e.g. momentum changes the work).
 
+    Outside :func:`agreed_across_ranks` and with a single process, the choice
+    stored in the autotune cache file for these parameters is taken without
+    measuring, and a complete measurement is stored there (a provisional one
+    is completed at exit).
+
     Returns:
         The fastest candidate (across ranks inside :func:`agreed_across_ranks`);
         by declared priority, then name, when there is a single candidate, no
@@ -665,7 +777,8 @@ def choose(
         and then the priority order decides.
 
     Raises:
-        EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE`` is not a boolean word.
+        EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE`` or
+            ``OPTIPLUG_AUTOTUNE_CACHE`` is not a boolean word.
     """
     ranked = sorted(candidates, key=lambda impl: (-impl.priority, impl.name))
     if len(ranked) == 1 or not params or not env_flag("OPTIPLUG_AUTOTUNE", default=True):
@@ -679,18 +792,103 @@ def choose(
     with _lock:
         cached = cache.get(key)
     if cached is None:
-        found = measure(algorithm, ranked, params, hparams)
-        timings = found.timings
-        if agreement is not None:
-            timings = _slowest_rank(timings, agreement)
-        winner = min(ranked, key=lambda impl: timings[impl.name]).name
-        cached = (winner, timings)
-        provisional = agreement is None and bool(found.late)
-        with _lock:
-            _measurements[key] = attrs.evolve(found, winner=winner, timings=timings)
-            if not provisional:
-                cache[key] = cached
+        if agreement is None:
+            cached = _own_choice(key, algorithm, ranked, params, hparams)
+        else:
+            cached = _agreed_choice(key, agreement, algorithm, ranked, params, hparams)
     return next(impl for impl in ranked if impl.name == cached[0])
+
+
+def _agreed_choice(
+    key: tuple[Any, ...],
+    agreement: torch.device,
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+) -> tuple[str, dict[str, float]]:
+    """Measured on every rank, the slowest rank's times deciding; the cache file is not used."""
+    found = measure(algorithm, ranked, params, hparams)
+    timings = _slowest_rank(found.timings, agreement)
+    winner = min(ranked, key=lambda impl: timings[impl.name]).name
+    with _lock:
+        _measurements[key] = attrs.evolve(found, winner=winner, timings=timings)
+        _agreed[key] = (winner, timings)
+    return winner, timings
+
+
+def _own_choice(
+    key: tuple[Any, ...],
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+) -> tuple[str, dict[str, float]]:
+    """This process's choice: from the cache file when it has one, else measured (and stored)."""
+    where = _cache_key(algorithm, ranked, params)
+    started = time.perf_counter()
+    stored = None if where is None else _stored.load(*where)
+    if stored is not None:
+        record = Measurement(
+            stored[0], stored[1], seconds=time.perf_counter() - started, source="cache"
+        )
+        with _lock:
+            _measurements[key] = record
+            _decisions[key] = stored
+        return stored
+    found = measure(algorithm, ranked, params, hparams)
+    with _lock:
+        _measurements[key] = found
+        if not found.late:
+            _decisions[key] = (found.winner, found.timings)
+    if where is not None:
+        _remember(*where, algorithm, ranked, params, hparams, found)
+    return found.winner, found.timings
+
+
+def _cache_key(
+    algorithm: str, ranked: Sequence[ImplementationSpec], params: Sequence[torch.Tensor]
+) -> tuple[dict[str, Any], Path] | None:
+    """This choice's key in the cache file, and the file; None when it is not used.
+
+    It is not used when ``OPTIPLUG_AUTOTUNE_CACHE`` is off, under several
+    ranks, or when no cache directory can be named (no home directory).
+
+    Raises:
+        EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE_CACHE`` is not a boolean word.
+    """
+    if not _stored.enabled() or _ranks.world_size() > 1:
+        return None
+    try:
+        file = _stored.path()
+    except (RuntimeError, KeyError):  # Path.home() without a home directory
+        return None
+    first = params[0]
+    names = [impl.name for impl in ranked]
+    shapes = [tuple(p.shape) for p in params]
+    return _stored.key_fields(algorithm, names, shapes, first.dtype, first.device), file
+
+
+def _remember(
+    fields: dict[str, Any],
+    file: Path,
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    found: Measurement,
+) -> None:
+    """Write a complete measurement to the cache file; keep a provisional one for exit."""
+    entry = _stored.entry_key(fields)
+    if not found.late:
+        with _lock:
+            _pending.pop(entry, None)
+        _stored.store(fields, found.winner, found.timings, file)
+        return
+    plan = _sample_plan([p.shape for p in params], sample_bound(params[0].device))
+    sample = tuple((shape, params[i].dtype, params[i].device) for i, shape in plan)
+    with _lock:
+        _pending[entry] = _Pending(algorithm, tuple(ranked), sample, dict(hparams), fields, file)
 
 
 def select(

@@ -1,37 +1,48 @@
 """The core's own plugins: built-in features register through the same hooks.
 
-Like pytest's built-in plugins, the core's schedules and selection rules are
-plugin modules registered first in every :class:`~optiplug.Registry`, under
-the distribution ``optiplug``.
+Like pytest's built-in plugins, optiplug's schedules, selection rules and
+commands are plugin modules of the distribution ``optiplug``. The core names
+none of them: each is added by the layer that owns it, so no layer reaches up.
+
+- The facade (``optiplug._api``) provides the schedules and selection rules
+  here when it is imported (:func:`provide_builtin_plugins`); every
+  :class:`~optiplug.Registry` registers them first.
+- The commands (``list``, ``show``..., ``train``) are entry points of the
+  ``optiplug`` distribution, loaded with the other plugins; the command line
+  loads them into the registry it uses even without autoload
+  (:meth:`~optiplug.Registry.load_distribution`).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
-from collections.abc import Iterator
-from types import ModuleType
+from collections.abc import Iterable
 
-__all__ = ["BUILTIN_PLUGINS", "plugins", "version"]
+__all__ = ["DISTRIBUTION", "builtin_plugins", "provide_builtin_plugins", "version"]
 
-BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
-    ("schedules", "optiplug._schedules.plugin"),
-    ("rules", "optiplug._auto.rules"),
-    ("commands", "optiplug.cli.plugin"),
-    ("train", "optiplug._train.plugin"),
-)
-"""``(plugin name, module)`` of each built-in plugin, in registration order."""
+DISTRIBUTION = "optiplug"
+"""The core distribution, which ships the built-in plugins."""
+
+_provided: list[tuple[str, object]] = []
 
 
-def plugins() -> Iterator[tuple[str, ModuleType]]:
-    """Yield ``(name, module)`` for each built-in plugin (imports them)."""
-    for name, module in BUILTIN_PLUGINS:
-        yield name, importlib.import_module(module)
+def provide_builtin_plugins(plugins: Iterable[tuple[str, object]]) -> None:
+    """Install the ``(name, plugin module)`` pairs every registry registers first.
+
+    Args:
+        plugins: the built-in plugins, in registration order (the facade's).
+    """
+    _provided[:] = list(plugins)
+
+
+def builtin_plugins() -> tuple[tuple[str, object], ...]:
+    """The ``(name, plugin module)`` pairs provided so far, in registration order."""
+    return tuple(_provided)
 
 
 def version() -> str:
     """The installed version of the core distribution."""
     try:
-        return importlib.metadata.version("optiplug")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"

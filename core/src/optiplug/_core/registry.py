@@ -9,11 +9,13 @@ plugins, and explain missing names.
 
 from __future__ import annotations
 
+import contextvars
 import importlib.metadata
 import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
@@ -106,7 +108,9 @@ class Registry:
     Args:
         autoload: discover installed plugins through entry points on first
             need. ``False`` gives a registry holding only the core's built-in
-            plugin plus what you :meth:`register`.
+            schedules and selection rules plus what you :meth:`register`
+            (the command line adds the built-in commands with
+            :meth:`load_distribution`).
         strict: raise :class:`~optiplug.errors.PluginError` when a plugin
             fails or is incompatible. Defaults to ``OPTIPLUG_STRICT_PLUGINS``.
         disabled: plugin names not to load. Defaults to
@@ -137,8 +141,10 @@ class Registry:
         self._implementations: list[ImplementationSpec] = []
         self._schedules: dict[str, list[ScheduleSpec]] = {}
         self._commands: dict[str, list[CommandSpec]] = {}
-        for name, module in _builtin.plugins():
-            self.register(module, name, distribution="optiplug", version=_builtin.version())
+        for name, module in _builtin.builtin_plugins():
+            self.register(
+                module, name, distribution=_builtin.DISTRIBUTION, version=_builtin.version()
+            )
 
     # ----------------------------------------------------------------- loading
     def register(
@@ -237,6 +243,7 @@ class Registry:
         self._manager.register(plugin, name=name)
         try:
             self._manager.check_pending()
+            self._guard_calls(name)
             return _Contributions(
                 optimizers=self._records(name, "optiplug_optimizers", OptimizerSpec, provider),
                 implementations=self._records(
@@ -259,18 +266,35 @@ class Registry:
     def _records(
         self, name: str, hook_name: str, kind: type[_Record], provider: ProviderInfo
     ) -> list[_Record]:
+        """Ask plugin ``name`` alone (its wrappers included) for its ``hook_name`` records."""
+        # What pluggy's subset_hook_caller runs, without hashing plugin objects.
+        returned_all = self._manager._hookexec(
+            hook_name, self._hookimpls(name, hook_name), {}, False
+        )
         found: list[_Record] = []
-        for impl in self._hookimpls(name, hook_name):
-            # Every registration hook returns an iterable (see HookSpecs); pluggy
-            # types a hookimpl's result as object.
-            returned = cast("Iterable[object] | None", impl.function())
-            for record in returned or ():
+        # Every registration hook returns an iterable (see HookSpecs); pluggy
+        # types the results as objects.
+        for returned in cast("list[Iterable[object]]", returned_all):
+            for record in returned:
                 if not isinstance(record, kind):
                     raise TypeError(
                         f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
                     )
                 found.append(attrs.evolve(record, provider=provider))
         return found
+
+    def _guard_calls(self, name: str) -> None:
+        """Make plugin ``name``'s implementations of the called hooks report, not raise.
+
+        Each guarded implementation records its result or exception for
+        :meth:`call_each` and returns None on failure, which pluggy leaves
+        out of the results, so one broken plugin cannot stop the others.
+        """
+        for hook_name in _CALLED_HOOKS:
+            for impl in self._hookimpls(name, hook_name):
+                if not (impl.wrapper or impl.hookwrapper):
+                    # pluggy calls HookImpl.function; it is declared Final, not read-only.
+                    impl.function = _guarded(impl.function, name, hook_name)  # type: ignore[misc]
 
     def _commit(self, contributions: _Contributions) -> None:
         for spec in contributions.optimizers:
@@ -298,6 +322,30 @@ class Registry:
                     self._load_entry_point(entry_point)
                 self._pending_discovery = False
             self._raise_if_strict(self._plugins)
+
+    def load_distribution(self, name: str) -> list[PluginInfo]:
+        """Load the plugins one installed distribution declares, even without autoload.
+
+        The command line loads the core's own (``optiplug``: its commands)
+        this way into whatever registry it is given. An entry point already
+        loaded is not loaded again, here or by a later discovery.
+
+        Args:
+            name: the distribution's name.
+
+        Returns:
+            The :class:`PluginInfo` of each of its plugins, sorted by name;
+            empty when it is not installed or declares none.
+
+        Raises:
+            PluginError: in strict mode, when one of them fails or is incompatible.
+        """
+        with self._lock:
+            for entry_point in _distribution_entry_points(name):
+                self._load_entry_point(entry_point)
+            loaded = [i for i in self._plugins.values() if i.distribution == name]
+            self._raise_if_strict(info.name for info in loaded)
+            return sorted(loaded, key=lambda info: info.name)
 
     def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> None:
         """Load one entry point unless an earlier (interrupted) discovery did."""
@@ -523,36 +571,51 @@ class Registry:
     def call_each(
         self, hook_name: str, **kwargs: Any
     ) -> Iterator[tuple[PluginInfo, Any, BaseException | None]]:
-        """Call ``hook_name`` on each loaded plugin separately.
+        """Call ``hook_name`` through pluggy and report each plugin's answer separately.
 
-        A plugin whose hook raises (``SystemExit`` included) is reported with
-        its exception and does not stop the others; a ``KeyboardInterrupt``
-        propagates, its message naming the plugin.
+        The hook is called like any pluggy hook: ``tryfirst`` and ``trylast``
+        order the implementations (otherwise the last registered is called
+        first) and wrappers wrap the call and may change its results. A
+        plugin whose implementation raises (``SystemExit`` included) is
+        reported with its exception and does not stop the others; so is a
+        wrapper that raises. A ``KeyboardInterrupt`` propagates, its message
+        naming the plugin.
 
         Args:
-            hook_name: an ``optiplug_*`` hook.
+            hook_name: ``optiplug_select_optimizer`` or ``optiplug_validate_state_dict``.
             **kwargs: the hook's arguments.
 
         Yields:
-            ``(plugin info, result or None, exception or None)`` per hookimpl,
-            in plugin-name order.
+            ``(plugin info, result or None, exception or None)`` per
+            implementation, in pluggy's call order; results a wrapper added
+            or replaced come last, as its plugin's.
 
         Raises:
             PluginError: in strict mode, while any plugin is failed or incompatible.
         """
         self._discover()
         hook = getattr(self._manager.hook, hook_name)
-        for impl in sorted(hook.get_hookimpls(), key=lambda i: i.plugin_name):
-            info = self._plugins[impl.plugin_name]
-            try:
-                result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            except KeyboardInterrupt as error:
-                where = f"{hook_name} of optiplug plugin {info.name!r}"
-                raise KeyboardInterrupt(f"interrupted in {where}") from error
-            except BaseException as error:  # a hook may even sys.exit()
-                yield info, None, error
-            else:
-                yield info, result, None
+        impls: list[pluggy.HookImpl] = hook.get_hookimpls()
+        outcomes: list[_Outcome] = []
+        token = _OUTCOMES.set(outcomes)
+        try:
+            results: list[object] | None = hook(**kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # only a wrapper can raise: the others are guarded
+            culprit = _culprit(impls, error.__traceback__)
+            if culprit is None:
+                raise
+            results = None
+            outcomes.append((culprit, None, error))
+            if len(outcomes) == 1:  # it failed before the implementations ran
+                for impl in reversed(impls):
+                    if not (impl.wrapper or impl.hookwrapper):
+                        impl.function(*(kwargs[arg] for arg in impl.argnames))
+        finally:
+            _OUTCOMES.reset(token)
+        for plugin_name, result, failure in _kept(outcomes, results, _outermost_wrapper(impls)):
+            yield self._plugins[plugin_name], result, failure
 
     def candidates(self, request: SelectionRequest) -> list[tuple[Candidate, PluginInfo]]:
         """Collect every plugin's candidates for ``request`` (broken rules skipped).
@@ -565,7 +628,7 @@ class Registry:
             request: the selection request.
 
         Returns:
-            ``(candidate with provider filled in, plugin)`` pairs, in plugin order.
+            ``(candidate with provider filled in, plugin)`` pairs, in call order.
 
         Raises:
             PluginError: in strict mode, when a rule fails.
@@ -620,6 +683,88 @@ class Registry:
             else:
                 problems.extend(found)
         return problems
+
+
+_CALLED_HOOKS = ("optiplug_select_optimizer", "optiplug_validate_state_dict")
+"""Hooks :meth:`Registry.call_each` calls; the others are asked once, when a plugin loads."""
+
+_Outcome = tuple[str, Any, "BaseException | None"]
+"""``(plugin name, result or None, exception or None)`` of one hook implementation."""
+
+_OUTCOMES: contextvars.ContextVar[list[_Outcome] | None] = contextvars.ContextVar(
+    "optiplug_hook_outcomes", default=None
+)
+"""Where guarded implementations report during :meth:`Registry.call_each`."""
+
+
+def _guarded(function: Callable[..., object], plugin: str, hook_name: str) -> Callable[..., object]:
+    """``function``, reporting its result or exception to the running :meth:`Registry.call_each`.
+
+    Outside a ``call_each`` (no report list) it behaves as ``function``.
+    """
+
+    def guarded(*args: object) -> object:
+        outcomes = _OUTCOMES.get()
+        try:
+            result = function(*args)
+        except KeyboardInterrupt as error:
+            where = f"{hook_name} of optiplug plugin {plugin!r}"
+            raise KeyboardInterrupt(f"interrupted in {where}") from error
+        except BaseException as error:  # a hook may even sys.exit()
+            if outcomes is None:
+                raise
+            outcomes.append((plugin, None, error))
+            return None
+        if outcomes is not None:
+            outcomes.append((plugin, result, None))
+        return result
+
+    return guarded
+
+
+def _wrappers(impls: Sequence[pluggy.HookImpl]) -> list[pluggy.HookImpl]:
+    return [impl for impl in impls if impl.wrapper or impl.hookwrapper]
+
+
+def _outermost_wrapper(impls: Sequence[pluggy.HookImpl]) -> str | None:
+    """The plugin of the wrapper pluggy calls first (the last in its list), or None."""
+    wrappers = _wrappers(impls)
+    return wrappers[-1].plugin_name if wrappers else None
+
+
+def _culprit(impls: Sequence[pluggy.HookImpl], trace: TracebackType | None) -> str | None:
+    """The plugin of the wrapper that raised: the innermost wrapper frame in ``trace``.
+
+    None when no wrapper is registered (pluggy itself raised).
+    """
+    codes = {
+        getattr(impl.function, "__code__", None): impl.plugin_name for impl in _wrappers(impls)
+    }
+    found = None
+    while trace is not None:
+        found = codes.get(trace.tb_frame.f_code, found)
+        trace = trace.tb_next
+    return found or _outermost_wrapper(impls)
+
+
+def _kept(
+    outcomes: list[_Outcome], results: list[object] | None, wrapper: str | None
+) -> list[_Outcome]:
+    """The implementations' outcomes, as far as the wrappers kept their results.
+
+    A result the wrappers dropped counts as None; one they added or replaced
+    (not identical to any implementation's) is reported as ``wrapper``'s.
+    """
+    if results is None:
+        return outcomes
+    kept = {id(result) for result in results}
+    answered = {id(result) for _, result, _ in outcomes}
+    reported = [
+        (plugin, result if id(result) in kept else None, error)
+        for plugin, result, error in outcomes
+    ]
+    added = [r for r in results if id(r) not in answered]
+    return reported + [(wrapper, r, None) for r in added if wrapper is not None]
 
 
 def bound_registry(registry: Registry | None) -> Registry:
@@ -686,6 +831,15 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
             seen.add(key)
             unique.append(entry_point)
     return sorted(unique, key=lambda ep: (ep.name, ep.value))
+
+
+def _distribution_entry_points(name: str) -> list[importlib.metadata.EntryPoint]:
+    """The entry points of the group that distribution ``name`` declares, sorted."""
+    try:
+        declared = importlib.metadata.distribution(name).entry_points
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return sorted(declared.select(group=ENTRY_POINT_GROUP), key=lambda ep: (ep.name, ep.value))
 
 
 _Typed = TypeVar("_Typed", Candidate, Problem)

@@ -9,8 +9,9 @@ each one's median. The floor is an in-place copy moving the bytes per
 parameter the algorithm's update must move (read the parameter, its
 gradient and every per-parameter state slot; write the parameter and the
 slots), for the element-wise algorithms whose traffic that describes. The
-implementation ``impl=None`` picks at this size is measured afresh and
-marked.
+implementation ``impl=None`` picks at this size is measured afresh (or taken
+from the autotune cache file, as ``impl=None`` does) and marked;
+``--clear-cache`` removes that file.
 """
 
 from __future__ import annotations
@@ -201,6 +202,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a hyperparameter, e.g. momentum=0.9 (repeatable)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--clear-cache",
+        action="store_true",
+        help="remove the autotune cache file (the choices impl=None keeps per machine) and exit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     Args:
         args: the parsed arguments (``algorithm``, ``params``, ``tensors``,
             ``device``, ``dtype``, ``steps``, ``threads``, ``param``, ``json``,
-            ``registry``).
+            ``clear_cache``, ``registry``); ``clear_cache`` only removes the
+            autotune cache file.
 
     Returns:
         0.
@@ -223,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
     """
     import torch  # deferred: imports torch
 
+    if getattr(args, "clear_cache", False):
+        return _clear_cache(json_output=args.json)
     registry: Registry = args.registry
     if args.tensors > args.params:
         raise OptiplugError(
@@ -258,6 +267,19 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([attrs.asdict(result) for result in results], indent=2))
     else:
         print("\n\n".join(format_bench(result) for result in results))
+    return 0
+
+
+def _clear_cache(*, json_output: bool) -> int:
+    """Remove the autotune cache file and say so; 0."""
+    from .._core import autotune  # deferred: imports torch
+
+    removed = autotune.clear_autotune_cache()
+    where = autotune.autotune_cache_path()
+    if json_output:
+        print(json.dumps({"cache": str(where), "removed": removed}))
+    else:
+        print(f"removed {where}" if removed else f"no autotune cache at {where}")
     return 0
 
 
@@ -550,7 +572,10 @@ def _pick(
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
 ) -> str | None:
-    """What ``impl=None`` picks for these parameters, measured afresh (the cache is cleared)."""
+    """What ``impl=None`` picks for these parameters: this process's choices are forgotten first.
+
+    The autotune cache file is read as ``impl=None`` reads it.
+    """
     from .._core import autotune  # deferred: imports torch
 
     autotune.clear_cache()

@@ -2,9 +2,11 @@
 
 Every subcommand is a :class:`~optiplug.CommandSpec` that a plugin returns from
 the ``optiplug_cli_commands`` hook; the core's own (``list``, ``show``,
-``train``...) come from its built-in plugins the same way. The registry is
-resolved once, here (the default registry unless one is given), and handed to the command as ``args.registry``. Errors
-from optiplug print one friendly line and exit 2, never a traceback.
+``train``...) come from its built-in plugins the same way, entry points of
+the ``optiplug`` distribution that :func:`main` loads into its registry. The
+registry is resolved once, here (the default registry unless one is given),
+and handed to the command as ``args.registry``. Errors from optiplug print
+one friendly line and exit 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .._core.builtin import DISTRIBUTION
 from .._core.registry import Registry, bound_registry
 from ..errors import OptiplugError
 
@@ -54,6 +57,7 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     """
     try:
         registry = bound_registry(registry)
+        registry.load_distribution(DISTRIBUTION)  # the built-in commands
         args = build_parser(registry).parse_args(argv)
         args.registry = registry
         return int(args.run(args))

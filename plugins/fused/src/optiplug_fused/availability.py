@@ -2,11 +2,12 @@
 
 Nothing here imports triton, and torch only inside the functions: the
 registry calls :func:`unavailable_reason` for ``optiplug list``, which must
-stay cheap on machines without a GPU.
+stay cheap, so it asks the CUDA driver directly unless torch is imported.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import sys
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERPRET_VARIABLE",
+    "cuda_available",
     "interpreter_requested",
     "triton_installed",
     "triton_supported",
@@ -67,9 +69,40 @@ def unavailable_reason() -> str | None:
         return _NO_TRITON
     if interpreter_requested():
         return None
-    import torch  # deferred: imports torch
+    return None if cuda_available() else _NO_CUDA
 
-    return None if torch.cuda.is_available() else _NO_CUDA
+
+_DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device can be used, without importing torch.
+
+    With torch imported this is ``torch.cuda.is_available()``; otherwise the
+    CUDA driver is asked for its device count (which honours
+    ``CUDA_VISIBLE_DEVICES``), as torch itself does.
+
+    Returns:
+        True when at least one CUDA device is visible.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    return _driver_device_count() > 0
+
+
+def _driver_device_count() -> int:
+    """The number of devices the CUDA driver library reports; 0 without a driver."""
+    for name in _DRIVER_LIBRARIES:
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    return 0
 
 
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")

@@ -1,0 +1,299 @@
+"""Measured implementation choices kept on disk, so that a later process need not measure.
+
+One JSON file per user and machine (:func:`path`): ``$OPTIPLUG_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``, holding
+``autotune.json``. Each entry is keyed by everything a choice depends on
+(:func:`key_fields`): the algorithm, the candidates, the parameters' sizes,
+dtype and device type, and the machine (torch's version, the device's name,
+torch's thread count), and holds the winner and the timings it won with.
+
+The file is written atomically (a temporary file, then :func:`os.replace`)
+and read tolerantly: a file that cannot be read or parsed is ignored, with
+one warning per process, and rewritten at the next decision; an entry that
+does not fit the candidates is a miss. ``OPTIPLUG_AUTOTUNE_CACHE=0`` (or
+``false``, ``no``, ``off``) neither reads nor writes it. Two processes that
+write at the same moment may lose one of their entries, never the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .env import env_flag
+
+__all__ = [
+    "CACHE_VARIABLE",
+    "DIRECTORY_VARIABLE",
+    "FILE_NAME",
+    "clear",
+    "device_name",
+    "directory",
+    "enabled",
+    "entry_key",
+    "key_fields",
+    "load",
+    "path",
+    "size_key",
+    "store",
+]
+
+CACHE_VARIABLE = "OPTIPLUG_AUTOTUNE_CACHE"
+"""Environment variable: a switch, on by default; off neither reads nor writes the file."""
+
+DIRECTORY_VARIABLE = "OPTIPLUG_CACHE_DIR"
+"""Environment variable: the directory of the cache file (default: the XDG cache directory)."""
+
+FILE_NAME = "autotune.json"
+"""The cache file's name inside :func:`directory`."""
+
+_FORMAT = 1
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def enabled() -> bool:
+    """Whether ``OPTIPLUG_AUTOTUNE_CACHE`` leaves the cache on (it is on by default).
+
+    Raises:
+        EnvironmentVariableError: the variable is not a boolean word.
+    """
+    return env_flag(CACHE_VARIABLE, default=True)
+
+
+def directory() -> Path:
+    """``$OPTIPLUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``."""
+    own = os.environ.get(DIRECTORY_VARIABLE, "").strip()
+    if own:
+        return Path(own).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "optiplug"
+
+
+def path() -> Path:
+    """The cache file: ``autotune.json`` in :func:`directory`."""
+    return directory() / FILE_NAME
+
+
+def size_key(shapes: Sequence[Sequence[int]]) -> str:
+    """The parameters' size distribution: ``"64 tensors, 64000000 elements, shapes 1a2b..."``.
+
+    The digest covers every distinct shape and how often it occurs (not their
+    order), so the same model gives the same key and a different one another.
+
+    Args:
+        shapes: the parameters' shapes.
+
+    Returns:
+        A short, readable key.
+    """
+    counts = Counter(tuple(int(size) for size in shape) for shape in shapes)
+    canonical = json.dumps(sorted([list(shape), count] for shape, count in counts.items()))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    elements = sum(math.prod(shape) * count for shape, count in counts.items())
+    return f"{sum(counts.values())} tensors, {elements} elements, shapes {digest}"
+
+
+def device_name(device: torch.device) -> str:
+    """The device's model: the CUDA device's name, else the CPU's.
+
+    Args:
+        device: the parameters' device.
+
+    Returns:
+        E.g. ``"NVIDIA H100 80GB HBM3"`` or ``"AMD EPYC 7B13"``.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return _cpu_name()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_name() -> str:
+    """``model name`` from ``/proc/cpuinfo``, else :func:`platform.processor`, else the machine."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def key_fields(
+    algorithm: str,
+    candidates: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Everything a choice depends on, as the cache keys it.
+
+    Args:
+        algorithm: the algorithm's name.
+        candidates: the competing implementations' names, in priority order.
+        shapes: the parameters' shapes.
+        dtype: the parameters' dtype.
+        device: the parameters' device.
+
+    Returns:
+        The algorithm, candidates, sizes (:func:`size_key`), dtype, device
+        type and name, torch's version and torch's intra-op thread count.
+    """
+    device = torch.device(device)
+    return {
+        "algorithm": algorithm,
+        "candidates": list(candidates),
+        "sizes": size_key(shapes),
+        "dtype": str(dtype),
+        "device": device.type,
+        "device_name": device_name(device),
+        "torch": str(torch.__version__),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def entry_key(fields: Mapping[str, Any]) -> str:
+    """The entry's name in the file: ``fields`` as compact, sorted JSON."""
+    return json.dumps(dict(fields), sort_keys=True, separators=(",", ":"))
+
+
+def load(
+    fields: Mapping[str, Any], file: Path | None = None
+) -> tuple[str, dict[str, float]] | None:
+    """The stored choice for ``fields``: ``(winner, timings)``, or None.
+
+    Args:
+        fields: the key (:func:`key_fields`).
+        file: the cache file; None for :func:`path`.
+
+    Returns:
+        None when there is no usable entry: none stored, a winner that is not
+        one of the candidates, or a file that cannot be read (warned once).
+    """
+    entry = _read(path() if file is None else file).get(entry_key(fields))
+    if not isinstance(entry, dict):
+        return None
+    winner, timings = entry.get("winner"), entry.get("timings")
+    candidates = fields.get("candidates", [])
+    if winner not in candidates or not isinstance(timings, dict):
+        return None
+    return str(winner), {name: _seconds(timings.get(name)) for name in candidates}
+
+
+def store(
+    fields: Mapping[str, Any],
+    winner: str,
+    timings: Mapping[str, float],
+    file: Path | None = None,
+) -> None:
+    """Record ``winner`` for ``fields``, atomically; a failure to write is warned once.
+
+    Args:
+        fields: the key (:func:`key_fields`).
+        winner: the chosen implementation.
+        timings: median seconds per step of each candidate (``inf`` when not timed).
+        file: the cache file; None for :func:`path`.
+    """
+    target = path() if file is None else file
+    entry = {
+        "winner": winner,
+        "timings": {
+            name: (value if math.isfinite(value) else None) for name, value in timings.items()
+        },
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with _lock:
+        entries = _read(target)
+        entries[entry_key(fields)] = entry
+        try:
+            _write(target, {"format": _FORMAT, "entries": entries})
+        except OSError as error:
+            _warn_once(f"write:{target}", f"could not write the autotune cache {target}: {error}")
+
+
+def clear(file: Path | None = None) -> bool:
+    """Remove the cache file.
+
+    Args:
+        file: the cache file; None for :func:`path`.
+
+    Returns:
+        Whether there was a file to remove.
+    """
+    target = path() if file is None else file
+    with _lock:
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _seconds(value: object) -> float:
+    """A stored timing: a number, or ``inf`` for ``null`` and anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return math.inf
+
+
+def _read(file: Path) -> dict[str, Any]:
+    """The file's entries; empty when it is missing, and when it is unusable (warned once)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        _ignored(file, f"{type(error).__name__}: {error}")
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or data.get("format") != _FORMAT:
+        _ignored(file, f"not an optiplug autotune cache of format {_FORMAT}")
+        return {}
+    return entries
+
+
+def _ignored(file: Path, why: str) -> None:
+    _warn_once(
+        f"read:{file}",
+        f"ignoring the unreadable autotune cache {file} ({why}); measuring instead, "
+        "and the file is rewritten with the next choice",
+    )
+
+
+def _write(file: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON to ``file`` through a temporary file in the same directory."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{file.name}.", dir=file.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(data, stream, indent=1, sort_keys=True)
+            stream.write("\n")
+        os.replace(temporary, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _warn_once(topic: str, message: str) -> None:
+    if topic in _warned:
+        return
+    _warned.add(topic)
+    warnings.warn(f"optiplug: {message}", UserWarning, stacklevel=3)
