@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -253,4 +254,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written and the process group destroyed. Gloo's threads can
+    # still hold tensors at interpreter finalization, which then aborts a finished
+    # rank ("terminate called without an active exception"); leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -322,4 +323,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written and the process group destroyed. Gloo's threads can
+    # still hold tensors at interpreter finalization, which then aborts a finished
+    # rank ("terminate called without an active exception"); leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

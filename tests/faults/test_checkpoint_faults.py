@@ -664,7 +664,7 @@ _FULL_DISK = textwrap.dedent(
     from optiplug import checkpoint
     from optiplug.errors import OptiplugError
 
-    path = sys.argv[1]
+    path, write = sys.argv[1], getattr(checkpoint, sys.argv[2])  # save or export_torch
     params = [torch.nn.Parameter(torch.ones(256, 256)) for _ in range(2)]
     optimizer = optiplug.create("adam", params, impl="loop", lr=0.01)
     for p in params:
@@ -673,7 +673,7 @@ _FULL_DISK = textwrap.dedent(
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
-        checkpoint.save(path, optimizer)
+        write(path, optimizer)
     except BaseException as error:
         print(json.dumps([type(error).__name__, str(error), isinstance(error, OptiplugError)]))
     else:
@@ -687,7 +687,10 @@ def test_save_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previou
 ) -> None:
     before = file_bytes(saved)
     child = subprocess.run(
-        [sys.executable, "-c", _FULL_DISK, str(saved)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _FULL_DISK, str(saved), "save"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert child.returncode == 0, child.stderr
     kind, message, typed = json.loads(child.stdout)
@@ -817,30 +820,6 @@ def test_a_missing_manifest_is_named_by_verify_check_and_load_alike(
 
 # ------------------------------------------------------------------ export_torch on a full disk
 
-_EXPORT_FULL_DISK = textwrap.dedent(
-    """
-    import json, resource, sys
-    import torch, optiplug
-    from optiplug import checkpoint
-    from optiplug.errors import OptiplugError
-
-    path = sys.argv[1]
-    params = [torch.nn.Parameter(torch.ones(256, 256)) for _ in range(2)]
-    optimizer = optiplug.create("adam", params, impl="loop", lr=0.01)
-    for p in params:
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
-    try:
-        checkpoint.export_torch(path, optimizer)
-    except BaseException as error:
-        print(json.dumps([type(error).__name__, str(error), isinstance(error, OptiplugError)]))
-    else:
-        print(json.dumps(["saved", "", False]))
-    """
-)
-
 
 def test_export_torch_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previous(
     tmp_path: Path,
@@ -850,7 +829,7 @@ def test_export_torch_past_the_file_size_limit_is_a_checkpoint_error_keeping_the
     checkpoint.export_torch(path, make_adam())
     before = path.read_bytes()
     child = subprocess.run(
-        [sys.executable, "-c", _EXPORT_FULL_DISK, str(path)],
+        [sys.executable, "-c", _FULL_DISK, str(path), "export_torch"],
         capture_output=True,
         text=True,
         timeout=120,
