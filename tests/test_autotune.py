@@ -391,8 +391,11 @@ def test_impl_none_picks_within_a_tolerance_of_the_fastest_at_the_users_sizes(
         optimizer.step()
     monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "60")
     _autotune.clear_cache()
-    chosen = registry.create(algorithm, real).impl  # type: ignore[attr-defined]
-    [measured] = _autotune.measurements().values()
+    optimizer = registry.create(algorithm, real)
+    [measured] = _autotune.measurements().values()  # waits for the background measurement
+    optimizer.step()  # the step boundary where the optimizer takes the measured choice
+    chosen = optimizer.impl  # type: ignore[attr-defined]
+    assert chosen == measured.winner
     assert (measured.tensors, measured.elements) == (8, 8 << 18)  # the user's own sizes
     times = interleaved_medians(forced)
     fastest = min(times.values())
@@ -400,3 +403,79 @@ def test_impl_none_picks_within_a_tolerance_of_the_fastest_at_the_users_sizes(
     # runs; the gaps that matter here are larger (lion fused vs loop 1.7x, adamw
     # fused vs loop 12x, measured with one thread on this machine).
     assert times[chosen] <= 1.25 * fastest, (chosen, times, measured)
+
+
+# ------------------------------------------------------------------ never blocking
+def test_creating_64_x_1m_lion_parameters_measures_in_the_background(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPTIPLUG_AUTOTUNE_CACHE", "0")
+    threads: list[threading.Thread] = []
+    real_measure = _autotune.measure
+
+    def recording(*args: Any, **kwargs: Any) -> _autotune.Measurement:
+        threads.append(threading.current_thread())
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(_autotune, "measure", recording)
+    params = [torch.nn.Parameter(torch.zeros(1 << 20)) for _ in range(64)]
+    optimizer = optiplug.create("lion", params)
+    [(key, record)] = _autotune.measurements(wait=False).items()
+    assert record.source == "pending"
+    assert optimizer.impl == record.winner == "foreach"  # the best one that does not compile
+    assert threading.current_thread() not in threads
+    _autotune.wait_for_measurements()
+    assert threads and threading.current_thread() not in threads
+    assert _autotune.measurements()[key].source == "measured"
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "ready", "winner"), [("lion", "foreach", "loop"), ("adamw", "fused", "foreach")]
+)
+def test_after_the_measurement_the_next_step_runs_the_winner_as_if_from_the_start(
+    algorithm: str, ready: str, winner: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path))
+    started = threading.Event()
+
+    def measured(algorithm_: str, candidates: Any, *args: Any, **kwargs: Any) -> Any:
+        started.wait(60)  # still measuring while the optimizer is built
+        names = [impl.name for impl in candidates]
+        timings = {name: 1.0 if name == winner else 2.0 for name in names}
+        return _autotune.Measurement(winner, timings, tensors=len(args[0]))
+
+    monkeypatch.setattr(_autotune, "measure", measured)
+
+    def model_and_grads() -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+        generator = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(33, 7, generator=generator)) for _ in range(3)]
+        grads = [[torch.randn(33, 7, generator=generator) for _ in params] for _ in range(4)]
+        return params, grads  # type: ignore[return-value]
+
+    params, grads = model_and_grads()
+    optimizer = optiplug.create(algorithm, params, lr=1e-2, weight_decay=0.1)
+    assert optimizer.impl == ready  # type: ignore[attr-defined]
+    assert _autotune.measurements(wait=False)  # pending, not measured on this thread
+    started.set()
+    _autotune.wait_for_measurements()
+    reference_params, _ = model_and_grads()
+    reference = optiplug.create(algorithm, reference_params, lr=1e-2, weight_decay=0.1, impl=winner)
+    for step_grads in grads:
+        for ours, theirs, grad in zip(params, reference_params, step_grads, strict=True):
+            ours.grad, theirs.grad = grad.clone(), grad.clone()
+        optimizer.step()
+        reference.step()
+        assert optimizer.impl == winner  # type: ignore[attr-defined]
+    for ours, theirs in zip(params, reference_params, strict=True):
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=0)
+    stored = json.loads((tmp_path / "autotune.json").read_text())
+    assert [entry["winner"] for entry in stored["entries"].values()] == [winner]
+
+
+def test_autotune_off_keeps_the_priority_and_measures_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPTIPLUG_AUTOTUNE", "0")
+    optimizer = optiplug.create("lion", [torch.nn.Parameter(torch.zeros(8))])
+    assert optimizer.impl == "fused"  # type: ignore[attr-defined]
+    assert _autotune.measurements(wait=False) == {}

@@ -20,12 +20,15 @@ from optiplug._core import ranks as _ranks
 from optiplug.errors import EnvironmentVariableError
 
 # A fresh interpreter creates sgd (loop, foreach, fused: nothing to compile) and
-# prints how the choice was made. It inherits OPTIPLUG_CACHE_DIR from the test.
+# prints how the choice was made, once the background measurement (if any) is
+# done and a step has taken it. It inherits OPTIPLUG_CACHE_DIR from the test.
 CHILD = """
 import json, torch, optiplug
 from optiplug._core import autotune
 params = [torch.nn.Parameter(torch.ones({size}, dtype=torch.{dtype})) for _ in range({count})]
 optimizer = optiplug.create("sgd", params, momentum=0.9)
+autotune.wait_for_measurements()
+optimizer.step()
 [record] = autotune.measurements().values()
 print(json.dumps({{"impl": optimizer.impl, "source": record.source, "tensors": record.tensors}}))
 """
@@ -60,9 +63,15 @@ def params(size: int = 64, count: int = 2, dtype: torch.dtype = torch.float32) -
 
 
 def choose(size: int = 64, count: int = 2, dtype: torch.dtype = torch.float32) -> Any:
-    """As a new process would: forget this process's choices, then create sgd; its record."""
+    """As a new process would: forget this process's choices, then create sgd; its record.
+
+    A first choice is measured in the background: waited for here, and taken
+    by the optimizer at its next step.
+    """
     _autotune.clear_cache()
     optimizer = optiplug.create("sgd", params(size, count, dtype), momentum=0.9)
+    _autotune.wait_for_measurements()
+    optimizer.step()
     [record] = _autotune.measurements().values()
     assert record.winner == optimizer.impl  # type: ignore[attr-defined]
     return record

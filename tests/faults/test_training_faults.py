@@ -179,6 +179,28 @@ def test_graph_stops_on_nonfinite_gradients_before_stepping() -> None:
     assert all(p.grad is None for p in graph.parameters())
 
 
+def test_with_clipping_its_norm_stops_nonfinite_gradients_before_stepping() -> None:
+    graph = regression_graph()
+    graph.set_grad_clip(1.0)
+    before = snapshot(graph)
+    for p in graph.parameters():
+        p.grad = torch.full_like(p, math.nan)
+    with pytest.raises(GraphError, match=r"gradient of parameter '0\.weight' is not finite"):
+        graph.step()
+    assert_same(before, snapshot(graph))
+    assert graph.last_grad_norm is None and all(p.grad is None for p in graph.parameters())
+
+
+def test_finite_gradients_whose_clipping_norm_overflows_still_step() -> None:
+    graph = regression_graph()
+    graph.set_grad_clip(1.0)
+    for p in graph.parameters():
+        p.grad = torch.full_like(p, 1e30)  # finite, but their squares overflow float32
+    assert graph.step() and graph.training_step == 1
+    assert graph.last_grad_norm == math.inf
+    assert all(torch.isfinite(p).all() for p in graph.parameters())
+
+
 def test_skip_policy_skips_nonfinite_batches_and_keeps_training() -> None:
     graph = regression_graph(poisoned=(8,))
     graph.set_nonfinite_policy("skip")

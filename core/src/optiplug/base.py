@@ -17,6 +17,10 @@ and :mod:`optiplug.testing`. This one holds the pieces that import torch:
   dispatches to its single-tensor, multi-tensor and fused kernels.
 * :func:`choose_implementation`: the measured choice among implementation
   records that :func:`optiplug.create` makes.
+* :class:`Prepared` and :func:`accepts_prepared`: what
+  :func:`optiplug.create` decided (validated keywords and config, param
+  groups, chosen implementation), handed to a class whose ``__init__``
+  accepts it, so that it neither validates nor chooses again.
 * :func:`validated_config`, :func:`named_param_groups`,
   :func:`parameter_tensors`, :func:`group_overrides`: the ``params`` and
   hyperparameter handling every optimizer repeats.
@@ -40,7 +44,9 @@ import attrs
 import torch
 
 from ._core import autotune as _autotune
+from ._core import decision as _decision
 from ._core import groups as _groups
+from ._core.decision import Prepared, accepts_prepared
 from ._core.implementations import (
     TORCH_IMPLEMENTATION_FLAGS,
     foreach_supported,
@@ -59,16 +65,17 @@ from ._core.specs import ImplementationSpec
 from ._lazy import lazy
 from ._state.load import load_state_dict
 from .errors import HyperparameterError
-from .validators import validate_hyperparameters
 
 __all__ = [
     "GROUP_META_KEYS",
     "Kernel",
     "KernelTableOptimizer",
     "NamedParamGroup",
+    "Prepared",
     "Supports",
     "TorchBackedOptimizer",
     "ValidatedLoading",
+    "accepts_prepared",
     "caller_stacklevel",
     "choose_implementation",
     "closure_loss",
@@ -85,6 +92,10 @@ __all__ = [
     "validated_config",
     "warn_at_caller",
 ]
+
+
+Prepared.__module__ = __name__  # the public path, for pickles and docs
+accepts_prepared.__module__ = __name__
 
 
 class Kernel(Protocol):
@@ -258,10 +269,7 @@ def validated_config(
     Raises:
         HyperparameterError: naming the algorithm, field and value.
     """
-    config = validate_hyperparameters(algorithm, hparams, config=config_class)
-    for override in group_overrides(params):
-        validate_hyperparameters(algorithm, {**hparams, **override}, config=config_class)
-    return config
+    return _decision.validate(algorithm, hparams, params, config=config_class)
 
 
 def excluded_implementations() -> dict[tuple[str, str], dict[str, str]]:
@@ -306,8 +314,21 @@ def choose_implementation(
     Raises:
         HyperparameterError: (field ``impl``) no candidate can run ``params``.
     """
-    tensors = parameter_tensors(params)
-    chosen = _autotune.select(algorithm, candidates, None, tensors, hparams)
+    return _choose(algorithm, candidates, parameter_tensors(params), hparams, None)
+
+
+def _choose(
+    algorithm: str,
+    candidates: Sequence[ImplementationSpec],
+    tensors: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    config: Any,
+    follow: list[_autotune.Tuning] | None = None,
+) -> ImplementationSpec:
+    """:func:`choose_implementation` on tensors, timing candidates built from ``config``."""
+    chosen = _autotune.select(
+        algorithm, candidates, None, tensors, hparams, config=config, follow=follow
+    )
     if chosen is None:
         names = ", ".join(sorted(c.name for c in candidates)) or "none given"
         raise HyperparameterError(
@@ -322,24 +343,45 @@ def choose_implementation(
 
 def _prepare(
     cls: type[_ContractOptimizer],
-    params: Iterable[Any],
+    params: Iterable[Any] | Prepared,
     lr: Any,
     impl: str | None,
     hparams: dict[str, Any],
+    follow: list[_autotune.Tuning],
 ) -> tuple[list[Any], Any, str]:
     """The constructor sequence: validate, then choose (or check) the implementation.
+
+    Given a :class:`~optiplug.base.Prepared` (what :func:`optiplug.create`
+    hands over) for this algorithm, with its config and an implementation of
+    this class, nothing is validated or chosen again.
 
     Returns:
         ``(params as a list, the config instance, the implementation name)``.
     """
-    if lr is not _UNSET:
-        hparams["lr"] = lr
-    params = list(params)
-    config = validated_config(cls.algorithm, cls.config_class, params, hparams)
+    config = None
+    if isinstance(params, Prepared):
+        if lr is not _UNSET or impl is not None or hparams:
+            raise TypeError(f"{cls.__qualname__}: a Prepared is given alone, without keywords")
+        prepared = params
+        params, hparams, impl = list(prepared.params), dict(prepared.hparams), prepared.impl
+        if prepared.algorithm == cls.algorithm and isinstance(prepared.config, cls.config_class):
+            config = prepared.config
+            if impl is not None and impl in cls.implementation_names():
+                return params, config, impl
+    else:
+        if lr is not _UNSET:
+            hparams["lr"] = lr
+        params = list(params)
+    if config is None:
+        config = validated_config(cls.algorithm, cls.config_class, params, hparams)
     tensors = parameter_tensors(params)
     candidates = cls.implementation_specs()
-    forced = _autotune.select(cls.algorithm, candidates, impl, tensors, hparams) if impl else None
-    chosen = forced or choose_implementation(cls.algorithm, candidates, tensors, hparams)
+    if impl:
+        forced = _autotune.select(cls.algorithm, candidates, impl, tensors, hparams, config=config)
+        if forced is None:  # select() returns the forced record or raises
+            raise AssertionError("a forced implementation was not selected")
+        return params, config, forced.name
+    chosen = _choose(cls.algorithm, candidates, tensors, hparams, config, follow)
     return params, config, chosen.name
 
 
@@ -378,6 +420,38 @@ class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
         """This class's implementations as records."""
         raise NotImplementedError
 
+    @classmethod
+    def implementation_names(cls) -> frozenset[str]:
+        """The names of this class's implementations."""
+        raise NotImplementedError
+
+    def switch_implementation(self, name: str) -> None:
+        """Run implementation ``name`` from the next step on (the state carries over)."""
+        raise NotImplementedError
+
+    def _follow(self, follow: list[_autotune.Tuning]) -> None:
+        """Hold the background measurement started while choosing, if any."""
+        if follow:
+            setattr(self, _decision.TUNING_ATTRIBUTE, follow[-1])
+
+    def _take_measured_choice(self) -> None:
+        """Between steps: switch to the measured winner once its measurement is done.
+
+        Called at the start of ``step()`` and when :attr:`impl` is read.
+        """
+        tuning = self.__dict__.get(_decision.TUNING_ATTRIBUTE)
+        if tuning is None or tuning.pending:
+            return
+        del self.__dict__[_decision.TUNING_ATTRIBUTE]
+        winner = tuning.winner
+        if winner is not None and winner in self.implementation_names():
+            self.switch_implementation(winner)
+
+    @property
+    def impl(self) -> str:
+        """The implementation in use."""
+        raise NotImplementedError
+
 
 class TorchBackedOptimizer(_ContractOptimizer):
     """Mixin for an optimizer that is torch's own class plus optiplug's contract.
@@ -399,15 +473,54 @@ class TorchBackedOptimizer(_ContractOptimizer):
             that does not exist or cannot run these parameters.
     """
 
+    @accepts_prepared
     def __init__(
-        self, params: Iterable[Any], lr: Any = _UNSET, *, impl: str | None = None, **hparams: Any
+        self,
+        params: Iterable[Any] | Prepared,
+        lr: Any = _UNSET,
+        *,
+        impl: str | None = None,
+        **hparams: Any,
     ) -> None:
-        params, config, chosen = _prepare(type(self), params, lr, impl, hparams)
+        follow: list[_autotune.Tuning] = []
+        params, config, chosen = _prepare(type(self), params, lr, impl, hparams, follow)
         options: dict[str, Any] = {
             **attrs.asdict(config, recurse=False),
             **TORCH_IMPLEMENTATION_FLAGS[chosen],
         }
         super().__init__(params, **options)  # the torch class's keywords (lr=..., fused=...)
+        self._follow(follow)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step of torch's update, with the implementation measured fastest once known.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+
+        Returns:
+            The closure's loss, or None.
+        """
+        self._take_measured_choice()
+        return super().step(closure)
+
+    def switch_implementation(self, name: str) -> None:
+        """Run ``loop``, ``foreach`` or ``fused`` from the next step on.
+
+        The three share torch's state layout; the fused kernels keep the
+        ``step`` counter as a float32 tensor on the parameter's device, so
+        it is moved there when switching to ``fused``.
+        """
+        flags = TORCH_IMPLEMENTATION_FLAGS[name]
+        for group in self.param_groups:
+            group.update(flags)
+        if not flags["fused"]:
+            return
+        for param, state in self.state.items():
+            step = state.get("step")
+            if torch.is_tensor(step) and (
+                step.device != param.device or step.dtype != torch.float32
+            ):
+                state["step"] = step.to(device=param.device, dtype=torch.float32)
 
     @classmethod
     def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
@@ -426,9 +539,19 @@ class TorchBackedOptimizer(_ContractOptimizer):
             return records
         return tuple(attrs.evolve(r, factory=functools.partial(cls, impl=r.name)) for r in records)
 
+    @classmethod
+    def implementation_names(cls) -> frozenset[str]:
+        """``loop``, ``foreach`` and ``fused``."""
+        return frozenset(TORCH_IMPLEMENTATION_FLAGS)
+
     @property
     def impl(self) -> str:
-        """The implementation in use: ``"fused"``, ``"foreach"`` or ``"loop"``."""
+        """The implementation in use: ``"fused"``, ``"foreach"`` or ``"loop"``.
+
+        While ``impl=None`` measures in the background, the one that runs
+        meanwhile; the measured one once the measurement is done.
+        """
+        self._take_measured_choice()
         group = self.param_groups[0] if self.param_groups else {}
         if group.get("fused"):
             return "fused"
@@ -496,6 +619,10 @@ class KernelTableOptimizer(_ContractOptimizer):
       which implementations run which parameters (absent: all);
     * :attr:`priorities` (optional): the order when not measured
       (``OPTIPLUG_AUTOTUNE=0``), higher first (absent: 0, then by name);
+    * :attr:`compiled` (optional): the implementations whose first steps
+      compile; while ``impl=None`` measures in the background, the
+      highest-priority other one runs, and the optimizer switches kernel
+      between steps once the measurement is done;
     * :attr:`zero_state`: per-parameter state tensors, created as zeros like
       the parameter on its first step and passed, in this order, after
       ``params`` and ``grads``.
@@ -528,6 +655,7 @@ class KernelTableOptimizer(_ContractOptimizer):
     supports: ClassVar[Mapping[str, Supports]] = {}
     priorities: ClassVar[Mapping[str, int]] = {}
     descriptions: ClassVar[Mapping[str, str]] = {}
+    compiled: ClassVar[frozenset[str]] = frozenset()
     zero_state: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -540,14 +668,22 @@ class KernelTableOptimizer(_ContractOptimizer):
                     f"its implementations ({sorted(cls.implementations)})"
                 )
 
+    @accepts_prepared
     def __init__(
-        self, params: Iterable[Any], lr: Any = _UNSET, *, impl: str | None = None, **hparams: Any
+        self,
+        params: Iterable[Any] | Prepared,
+        lr: Any = _UNSET,
+        *,
+        impl: str | None = None,
+        **hparams: Any,
     ) -> None:
         if not self.implementations:
             raise TypeError(f"{type(self).__qualname__} declares no implementations")
-        params, config, chosen = _prepare(type(self), params, lr, impl, hparams)
+        follow: list[_autotune.Tuning] = []
+        params, config, chosen = _prepare(type(self), params, lr, impl, hparams, follow)
         self._impl = chosen
         super().__init__(params, attrs.asdict(config, recurse=False))
+        self._follow(follow)
 
     @classmethod
     def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
@@ -570,14 +706,31 @@ class KernelTableOptimizer(_ContractOptimizer):
                 supports=cls.supports.get(name),
                 priority=cls.priorities.get(name, 0),
                 description=cls.descriptions.get(name, ""),
+                compiles=name in cls.compiled,
             )
             for name in cls.implementations
         )
 
+    @classmethod
+    def implementation_names(cls) -> frozenset[str]:
+        """The keys of :attr:`implementations`."""
+        return frozenset(cls.implementations)
+
     @property
     def impl(self) -> str:
-        """The implementation in use (a key of :attr:`implementations`)."""
+        """The implementation in use (a key of :attr:`implementations`).
+
+        While ``impl=None`` measures in the background, the one that runs
+        meanwhile; the measured one once the measurement is done.
+        """
+        self._take_measured_choice()
         return self._impl
+
+    def switch_implementation(self, name: str) -> None:
+        """Run kernel ``name`` from the next step on (every kernel shares the state layout)."""
+        if name not in self.implementations:
+            raise KeyError(name)
+        self._impl = name
 
     def __getstate__(self) -> dict[str, Any]:
         """Torch's state plus the implementation."""
@@ -647,6 +800,7 @@ class KernelTableOptimizer(_ContractOptimizer):
         Returns:
             The closure's loss, or None.
         """
+        self._take_measured_choice()
         loss = closure_loss(closure)
         kernel = self.implementations[self._impl]
         for group in self.param_groups:

@@ -73,7 +73,9 @@ import torch
 
 from ..errors import HyperparameterError, OptimizerUnavailableError, PluginWarning
 from . import autotune_cache as _stored
+from . import decision as _decision
 from . import ranks as _ranks
+from .decision import Prepared
 from .env import env_flag
 from .specs import ImplementationSpec
 
@@ -153,9 +155,11 @@ class Measurement:
         tensors: how many synthetic tensors were timed.
         elements: how many elements they hold in all.
         seconds: wall time the whole measurement took.
-        source: ``"measured"`` in this process, or ``"cache"``: read from the
+        source: ``"measured"`` in this process, ``"cache"``: read from the
             autotune cache file, nothing timed (the timings are the stored
-            ones, ``tensors`` and ``elements`` are 0).
+            ones, ``tensors`` and ``elements`` are 0), or ``"pending"``: being
+            measured in the background, ``winner`` being the implementation
+            in use meanwhile (no timings yet).
     """
 
     winner: str
@@ -166,6 +170,50 @@ class Measurement:
     elements: int = 0
     seconds: float = 0.0
     source: str = "measured"
+
+
+@attrs.define(eq=False)
+class Tuning:
+    """A choice being measured in a background thread (see :func:`choose`).
+
+    The optimizer built meanwhile runs :attr:`ready` and holds this record;
+    at its next ``step()`` after :attr:`finished` is set it switches to
+    :attr:`winner` (None when the measurement failed: it keeps :attr:`ready`).
+
+    Attributes:
+        key: the in-process decision key.
+        ready: the implementation in use until the measurement completes.
+        winner: the measured-fastest implementation, once measured.
+        finished: set when the measurement is done (or failed).
+    """
+
+    key: tuple[Any, ...]
+    ready: str
+    winner: str | None = None
+    finished: threading.Event = attrs.field(factory=threading.Event)
+    thread: threading.Thread | None = attrs.field(default=None, repr=False)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the measurement is still running."""
+        return not self.finished.is_set()
+
+
+_tunings: dict[tuple[Any, ...], Tuning] = {}
+
+
+def wait_for_measurements(timeout: float | None = None) -> bool:
+    """Wait for the background measurements started so far (see :func:`choose`).
+
+    Args:
+        timeout: seconds to wait for each; None waits until each is done.
+
+    Returns:
+        True when none is still running.
+    """
+    with _lock:
+        running = list(_tunings.values())
+    return all(tuning.finished.wait(timeout) for tuning in running)
 
 
 @attrs.frozen
@@ -183,6 +231,8 @@ class _Pending:
 def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
     """The cached choices: key -> (winner, {implementation: median seconds}).
 
+    Measurements running in the background are waited for first.
+
     Args:
         agreed: the choices agreed across ranks (slowest rank's times)
             instead of this process's own.
@@ -191,12 +241,16 @@ def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str
         A copy of the cache; keys are ``(algorithm, device type, dtype,
         candidate names)``.
     """
+    wait_for_measurements()
     with _lock:
         return dict(_agreed if agreed else _decisions)
 
 
-def measurements() -> dict[tuple[Any, ...], Measurement]:
+def measurements(wait: bool = True) -> dict[tuple[Any, ...], Measurement]:
     """The latest :class:`Measurement` per cache key, dropped candidates and their reasons included.
+
+    Measurements running in the background are waited for first, unless
+    ``wait`` is False: then each shows as its ``source="pending"`` record.
 
     A measurement in which a candidate was dropped for its budget is kept
     here but not cached as a decision (outside an agreement across ranks):
@@ -204,9 +258,14 @@ def measurements() -> dict[tuple[Any, ...], Measurement]:
     has been paid in the background. A choice taken from the autotune cache
     file is recorded here too, with ``source="cache"``.
 
+    Args:
+        wait: wait for the background measurements (see :func:`choose`).
+
     Returns:
         A copy: key -> measurement.
     """
+    if wait:
+        wait_for_measurements()
     with _lock:
         return dict(_measurements)
 
@@ -229,8 +288,10 @@ def clear_cache() -> None:
     """Forget every measured choice, own and agreed, and every recorded failure.
 
     The autotune cache file is kept (:func:`clear_autotune_cache` removes it);
-    provisional choices are no longer completed at exit.
+    provisional choices are no longer completed at exit. Background
+    measurements still running are waited for first.
     """
+    wait_for_measurements(MAX_BUDGET)
     with _lock:
         _pending.clear()
         _decisions.clear()
@@ -538,6 +599,7 @@ def _finish_background_warmups() -> None:
 def _join_warmups() -> None:
     with _lock:
         threads = list(_warming.values())
+        threads += [t.thread for t in _tunings.values() if t.thread is not None]
     for thread in threads:
         thread.join(_EXIT_WAIT)
 
@@ -593,10 +655,12 @@ class _Warmup:
         sample: list[torch.Tensor],
         hparams: Mapping[str, Any],
         device: torch.device,
+        config: Any = None,
     ) -> None:
         self.impl = impl
         self.sample = sample
         self.hparams = dict(hparams)
+        self.config = config
         self.device = device
         self.threads = torch.get_num_threads()
         self.optimizer: torch.optim.Optimizer | None = None
@@ -617,7 +681,10 @@ class _Warmup:
                 else contextlib.nullcontext()
             )
             with context:
-                optimizer = self.impl.factory(self.sample, **self.hparams)
+                decided = Prepared(
+                    self.impl.algorithm, self.sample, self.hparams, self.config, self.impl
+                )
+                optimizer = _decision.build(self.impl.factory, decided)
                 for _ in range(WARMUP_STEPS):
                     if self.stop.is_set():
                         return
@@ -644,6 +711,7 @@ def measure(
     hparams: Mapping[str, Any],
     *,
     budget: tuple[float, float] | None = None,
+    config: Any = None,
 ) -> Measurement:
     """Time every candidate on a synthetic sample of ``params`` (nothing is cached).
 
@@ -654,6 +722,8 @@ def measure(
         hparams: hyperparameters to time with (e.g. momentum changes the work).
         budget: ``(per-candidate warm-up, overall)`` seconds; None for
             :func:`budgets`.
+        config: the validated config instance of ``hparams``, handed to
+            each candidate with the decision (None: the candidate validates).
 
     Returns:
         The timings, the winner and the candidates dropped, with reasons. A
@@ -674,7 +744,7 @@ def measure(
     dropped: dict[str, str] = {}
     late = []
     for impl in ranked:
-        outcome = _warm(impl, sample, hparams, device, per_candidate, deadline, ready)
+        outcome = _warm(impl, sample, hparams, device, (per_candidate, deadline), ready, config)
         if outcome is not None:
             dropped[impl.name], out_of_time = outcome
             if out_of_time:
@@ -712,9 +782,9 @@ def _warm(
     sample: list[torch.Tensor],
     hparams: Mapping[str, Any],
     device: torch.device,
-    per_candidate: float,
-    deadline: float,
+    limits: tuple[float, float],
     ready: dict[str, torch.optim.Optimizer],
+    config: Any = None,
 ) -> tuple[str, bool] | None:
     """Warm ``impl`` up within its budget: None (its optimizer is put in ``ready``), else why not.
 
@@ -728,10 +798,11 @@ def _warm(
             del _warming[key]
     if running is not None and running.is_alive():
         return "its warm-up from an earlier measurement is still running in the background", True
+    per_candidate, deadline = limits
     allowed = min(per_candidate, deadline - time.perf_counter())
     if allowed <= 0:
         return "the overall time budget was spent before its warm-up", True
-    warmup = _Warmup(impl, _copies(sample), hparams, device)
+    warmup = _Warmup(impl, _copies(sample), hparams, device, config)
     if not warmup.within(allowed):
         with _lock:
             _warming[key] = warmup.thread
@@ -754,6 +825,9 @@ def choose(
     candidates: Sequence[ImplementationSpec],
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
+    *,
+    config: Any = None,
+    follow: list[Tuning] | None = None,
 ) -> ImplementationSpec:
     """Return the fastest of ``candidates`` (all of which support ``params``).
 
@@ -762,6 +836,18 @@ def choose(
         candidates: implementations that can run ``params``; at least one.
         params: the user's parameter tensors (only their metadata is used).
         hparams: hyperparameters to time with (e.g. momentum changes the work).
+        config: their validated config instance, if known (see :func:`measure`).
+        follow: where the caller takes a :class:`Tuning` to attach to the
+            optimizer it builds; None measures on the calling thread.
+
+    Never blocking: with ``follow`` given, a single process, and candidates
+    that are implementations of one optimizer class able to switch between
+    them (``switch_implementation``), a choice neither in memory nor in the
+    cache file is measured in a background thread. The candidate returned
+    meanwhile is the one ready now: the highest-priority one that needs no
+    compilation (:attr:`~optiplug.ImplementationSpec.compiles`). The
+    :class:`Tuning` appended to ``follow`` tells the optimizer when to
+    switch; the measured choice is kept and written to the cache file.
 
     Outside :func:`agreed_across_ranks` and with a single process, the choice
     stored in the autotune cache file for these parameters is taken without
@@ -791,11 +877,17 @@ def choose(
     cache = _decisions if agreement is None else _agreed
     with _lock:
         cached = cache.get(key)
+    if cached is None and agreement is None and follow is not None and _switchable(ranked):
+        cached = _stored_choice(key, algorithm, ranked, params)
+        if cached is None:
+            tuning = _background(key, algorithm, ranked, params, hparams, config)
+            follow.append(tuning)
+            return next(impl for impl in ranked if impl.name == tuning.ready)
     if cached is None:
         if agreement is None:
-            cached = _own_choice(key, algorithm, ranked, params, hparams)
+            cached = _own_choice(key, algorithm, ranked, params, hparams, config)
         else:
-            cached = _agreed_choice(key, agreement, algorithm, ranked, params, hparams)
+            cached = _agreed_choice(key, agreement, algorithm, ranked, params, hparams, config)
     return next(impl for impl in ranked if impl.name == cached[0])
 
 
@@ -806,9 +898,10 @@ def _agreed_choice(
     ranked: Sequence[ImplementationSpec],
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
+    config: Any = None,
 ) -> tuple[str, dict[str, float]]:
     """Measured on every rank, the slowest rank's times deciding; the cache file is not used."""
-    found = measure(algorithm, ranked, params, hparams)
+    found = measure(algorithm, ranked, params, hparams, config=config)
     timings = _slowest_rank(found.timings, agreement)
     winner = min(ranked, key=lambda impl: timings[impl.name]).name
     with _lock:
@@ -823,8 +916,22 @@ def _own_choice(
     ranked: Sequence[ImplementationSpec],
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
+    config: Any = None,
 ) -> tuple[str, dict[str, float]]:
     """This process's choice: from the cache file when it has one, else measured (and stored)."""
+    stored = _stored_choice(key, algorithm, ranked, params)
+    if stored is not None:
+        return stored
+    return _measured_choice(key, algorithm, ranked, params, hparams, config)
+
+
+def _stored_choice(
+    key: tuple[Any, ...],
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+) -> tuple[str, dict[str, float]] | None:
+    """The choice the cache file holds for these parameters (then kept in memory), or None."""
     where = _cache_key(algorithm, ranked, params)
     started = time.perf_counter()
     stored = None if where is None else _stored.load(*where)
@@ -835,8 +942,20 @@ def _own_choice(
         with _lock:
             _measurements[key] = record
             _decisions[key] = stored
-        return stored
-    found = measure(algorithm, ranked, params, hparams)
+    return stored
+
+
+def _measured_choice(
+    key: tuple[Any, ...],
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    config: Any = None,
+) -> tuple[str, dict[str, float]]:
+    """Measure now; keep the choice (unless provisional) and write it to the cache file."""
+    where = _cache_key(algorithm, ranked, params)
+    found = measure(algorithm, ranked, params, hparams, config=config)
     with _lock:
         _measurements[key] = found
         if not found.late:
@@ -844,6 +963,50 @@ def _own_choice(
     if where is not None:
         _remember(*where, algorithm, ranked, params, hparams, found)
     return found.winner, found.timings
+
+
+def _switchable(ranked: Sequence[ImplementationSpec]) -> bool:
+    """Whether every candidate is one optimizer class, which can switch between them."""
+    try:
+        classes = {_decision.prepared_class(impl.factory) for impl in ranked}
+    except Exception:  # a factory that cannot be imported: measured (and reported) as before
+        return False
+    (found,) = classes if len(classes) == 1 else (None,)
+    return found is not None and callable(getattr(found, "switch_implementation", None))
+
+
+def _background(
+    key: tuple[Any, ...],
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    config: Any,
+) -> Tuning:
+    """The :class:`Tuning` of ``key``: the one running, or a new one, started."""
+    ready = next((impl for impl in ranked if not impl.compiles), ranked[0]).name
+    with _lock:
+        running = _tunings.get(key)
+        if running is not None:
+            return running
+        tuning = Tuning(key, ready)
+        _tunings[key] = tuning
+        _measurements[key] = Measurement(ready, {}, source="pending")
+    tensors = list(params)  # only their metadata is read, as when measuring on this thread
+
+    def run() -> None:
+        try:
+            tuning.winner = _measured_choice(key, algorithm, ranked, tensors, hparams, config)[0]
+        except Exception as error:  # keep the ready implementation; say why once
+            report_failure(ranked[0], error)
+        finally:
+            with _lock:
+                _tunings.pop(key, None)
+            tuning.finished.set()
+
+    tuning.thread = threading.Thread(target=run, name=f"optiplug-autotune-{algorithm}", daemon=True)
+    tuning.thread.start()
+    return tuning
 
 
 def _cache_key(
@@ -897,6 +1060,9 @@ def select(
     impl: str | None,
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
+    *,
+    config: Any = None,
+    follow: list[Tuning] | None = None,
 ) -> ImplementationSpec | None:
     """The implementation to run: ``impl`` when forced (checked), else the fastest runnable.
 
@@ -908,7 +1074,11 @@ def select(
         candidates: every implementation of the algorithm.
         impl: the implementation the user forced, or None to choose.
         params: the parameter tensors.
-        hparams: hyperparameters to time with.
+        hparams: hyperparameters to time with (validated).
+        config: their validated config instance, if known: the candidates
+            timed are built from it without validating again.
+        follow: given, a first measurement runs in the background (see
+            :func:`choose`) and its :class:`Tuning` is appended here.
 
     Returns:
         The chosen record; None when ``impl`` is None and no available
@@ -943,7 +1113,9 @@ def select(
             )
         return chosen
     runnable = _runnable(algorithm, candidates, params)
-    return choose(algorithm, runnable, params, hparams) if runnable else None
+    if not runnable:
+        return None
+    return choose(algorithm, runnable, params, hparams, config=config, follow=follow)
 
 
 def _runnable(

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import ImplementationError, OptiplugError
-from ..validators import hyperparameters_of, validate_hyperparameters
+from ..validators import hyperparameters_of
+from . import decision as _decision
 from .binding import provided_default
+from .decision import Prepared
 from .groups import (
     GROUPING_ATTRIBUTE,
     GROUPING_KEYWORDS,
@@ -19,14 +21,12 @@ from .groups import (
     module_params,
     plan_groups,
 )
-from .params import group_overrides, parameter_tensors
+from .params import parameter_tensors
 from .protocols import OptimizerCreator
 from .specs import ImplementationSpec, OptimizerSpec
 
 if TYPE_CHECKING:
     import torch
-
-    from .protocols import AlgorithmLookup
 
 __all__ = [
     "OWN_PARAM_GROUPS",
@@ -95,27 +95,26 @@ def validated_hparams(
     Raises:
         HyperparameterError: naming the algorithm, field and value.
     """
+    return _validated(spec, hparams, params)[0]
+
+
+def _validated(
+    spec: OptimizerSpec, hparams: dict[str, Any], params: Sequence[Any]
+) -> tuple[dict[str, Any], Any]:
+    """:func:`validated_hparams`, and the config instance (None without a config class)."""
     check_grouping(hparams, spec.name)
     hparams = {key: value for key, value in hparams.items() if key not in GROUPING_KEYWORDS}
     if not _takes_model(spec):
         hparams.pop("model", None)
     merged = {**spec.defaults, **hparams}
-    validate_hyperparameters(spec.name, merged, config=spec.config, factory=spec.factory)
-    for override in group_overrides(params):
-        validate_hyperparameters(
-            spec.name, {**merged, **override}, config=spec.config, factory=spec.factory
-        )
-    return merged
+    config = _decision.validate(spec.name, merged, params, config=spec.config, factory=spec.factory)
+    return merged, config
 
 
 def _build(
-    spec: OptimizerSpec,
-    candidates: Sequence[ImplementationSpec],
-    impl: str | None,
-    params: list[Any],
-    hparams: dict[str, Any],
+    spec: OptimizerSpec, candidates: Sequence[ImplementationSpec], impl: str | None, made: Prepared
 ) -> torch.optim.Optimizer:
-    """Build ``spec`` over ``params`` with ``impl`` if forced, else the best that works.
+    """Build ``made`` with ``impl`` if forced, else with the best candidate that builds.
 
     Unforced, the candidates are tried best first (measured, or by priority);
     one that raises is skipped for the next, and reported (a
@@ -125,21 +124,27 @@ def _build(
     """
     from . import autotune  # deferred: imports torch
 
-    tensors = parameter_tensors(params)
+    tensors = parameter_tensors(made.params)
     if impl is not None:
-        forced = autotune.select(spec.name, candidates, impl, tensors, hparams)
-        return _build_forced(forced, params, hparams)
-    optimizer, failed = _first_that_builds(spec, candidates, params, hparams)
+        forced = autotune.select(
+            spec.name, candidates, impl, tensors, made.hparams, config=made.config
+        )
+        return _build_forced(forced, made)
+    follow: list[autotune.Tuning] = []
+    optimizer, failed = _first_that_builds(spec, candidates, tensors, made, follow)
     for implementation, failure in failed:
         autotune.report_failure(implementation, failure)
+    if follow:  # measuring in the background: the optimizer switches when it is done
+        _set(optimizer, _decision.TUNING_ATTRIBUTE, follow[-1])
     return optimizer
 
 
 def _first_that_builds(
     spec: OptimizerSpec,
     candidates: Sequence[ImplementationSpec],
-    params: list[Any],
-    hparams: dict[str, Any],
+    tensors: Sequence[Any],
+    made: Prepared,
+    follow: list[Any],
 ) -> tuple[torch.optim.Optimizer, list[tuple[ImplementationSpec, Exception]]]:
     """The optimizer of the best candidate that builds, and the ones that raised before it.
 
@@ -147,21 +152,24 @@ def _first_that_builds(
     """
     from . import autotune  # deferred: imports torch
 
-    tensors = parameter_tensors(params)
     remaining = list(candidates)
     failed: list[tuple[ImplementationSpec, Exception]] = []
-    while (chosen := autotune.select(spec.name, remaining, None, tensors, hparams)) is not None:
+    while (
+        chosen := autotune.select(
+            spec.name, remaining, None, tensors, made.hparams, config=made.config, follow=follow
+        )
+    ) is not None:
         try:
-            return chosen.factory(params, **hparams), failed
+            return _decision.build(
+                chosen.factory, attrs.evolve(made, implementation=chosen)
+            ), failed
         except Exception as error:
             failed.append((chosen, error))
             remaining = [c for c in remaining if c is not chosen]
-    return spec.factory(params, **hparams), failed
+    return _decision.build(spec.factory, made), failed
 
 
-def _build_forced(
-    chosen: ImplementationSpec | None, params: list[Any], hparams: dict[str, Any]
-) -> torch.optim.Optimizer:
+def _build_forced(chosen: ImplementationSpec | None, made: Prepared) -> torch.optim.Optimizer:
     """Build the forced implementation; its failure raises, typed and chained.
 
     Raises:
@@ -171,7 +179,9 @@ def _build_forced(
     if chosen is None:  # select() returns the forced record or raises
         raise AssertionError("a forced implementation was not selected")
     try:
-        optimizer: torch.optim.Optimizer = chosen.factory(params, **hparams)
+        optimizer: torch.optim.Optimizer = _decision.build(
+            chosen.factory, attrs.evolve(made, implementation=chosen)
+        )
     except OptiplugError:
         raise
     except Exception as error:
@@ -184,15 +194,22 @@ def _build_forced(
 
 
 def create_optimizer(
-    registry: AlgorithmLookup,
-    name: str,
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
     params: Iterable[Any],
     *,
+    registry: object,
     impl: str | None = None,
-    provider: str | None = None,
     **hparams: Any,
 ) -> torch.optim.Optimizer:
-    """Build algorithm ``name`` over ``params`` (see :func:`optiplug.create`).
+    """Build algorithm ``spec`` over ``params`` (see :func:`optiplug.create`).
+
+    The registry has resolved the name (``spec``) and the implementations
+    (``candidates``); this validates the keywords once, builds the param
+    groups once and chooses the implementation once, then hands the
+    factory a :class:`~optiplug._core.decision.Prepared` (a class that takes
+    one builds from it without validating or choosing again; any other
+    factory is called with ``(params, **hparams)``).
 
     Hyperparameters are merged over ``spec.defaults`` and validated (param
     groups too), an implementation is chosen (``impl`` when forced, else the
@@ -216,12 +233,13 @@ def create_optimizer(
     grouping, for parity with ``torch.optim`` (docs/param_groups.md).
 
     Args:
-        registry: the registry creating the optimizer.
-        name: the algorithm's name or alias.
+        spec: the algorithm, as the registry resolved it.
+        candidates: its registered implementations.
         params: tensors, param-group dicts, ``(name, tensor)`` pairs, or an
             ``nn.Module``.
+        registry: the registry creating the optimizer (tagged on it, and
+            passed to a :data:`USES_REGISTRY` factory); never called here.
         impl: the implementation to force, or None to choose.
-        provider: the plugin or distribution that must provide ``name``.
         **hparams: the algorithm's hyperparameters, plus ``model`` (the
             module, to classify parameters by module type), ``no_decay``
             (``"auto"`` or a list of name globs; default None: no
@@ -231,31 +249,27 @@ def create_optimizer(
         The optimizer, tagged with its spec and registry.
 
     Raises:
-        UnknownOptimizerError: ``name`` is not registered.
         HyperparameterError: a bad keyword or value, or an ``impl`` that does
             not exist or cannot run ``params``.
         OptimizerUnavailableError: the forced ``impl`` cannot run on this
             machine (its availability check's reason is in the message).
         ImplementationError: the forced ``impl`` failed to build (chained).
     """
-    spec = registry.spec(name, provider=provider)
     params, model = module_params(params, hparams.get("model"))
     grouping = {key: hparams[key] for key in GROUPING_KEYWORDS if hparams.get(key) is not None}
-    merged = validated_hparams(spec, hparams, params)
+    merged, config = _validated(spec, hparams, params)
     if model is not None and _takes_model(spec):
         merged["model"] = model
     reasons: dict[str, str] = {}
     if OWN_PARAM_GROUPS in spec.capabilities:
         merged.update(grouping)
     elif grouping.keys() - {"num_layers"}:
+        # The groups only scale a valid lr and zero weight decay: nothing to validate again.
         params, reasons = _grouped(spec, params, model, grouping, merged)
-        merged = validated_hparams(spec, hparams, params)
-        if model is not None and _takes_model(spec):
-            merged["model"] = model
     if USES_REGISTRY in spec.capabilities:
         merged.setdefault("registry", registry)
-    candidates = registry.implementations(spec.name, provider=provider)
-    optimizer = _build(spec, candidates, impl, params, merged)
+    made = Prepared(spec.name, params, merged, config)
+    optimizer = _build(spec, candidates, impl, made)
     _tag(optimizer, spec, registry)
     if reasons:
         _set(optimizer, GROUPING_ATTRIBUTE, reasons)
@@ -329,7 +343,7 @@ def _grouped(
     return groups, reasons
 
 
-def _tag(optimizer: Any, spec: OptimizerSpec, registry: AlgorithmLookup) -> None:
+def _tag(optimizer: Any, spec: OptimizerSpec, registry: object) -> None:
     """Record the spec and registry on ``optimizer`` (skipped if it refuses attributes)."""
     try:
         setattr(optimizer, SPEC_ATTRIBUTE, spec)

@@ -1,8 +1,11 @@
-"""What the creation and selection code needs of a registry, as protocols.
+"""What a recipe and the selection code need of a registry, as protocols.
 
 :class:`~optiplug.Registry` satisfies each of them. Typing against these,
-rather than against the class, lets ``create`` and ``selection`` sit below
-``registry`` in the import graph while the registry builds on both.
+rather than against the class, lets ``create`` (whose picklable
+:class:`~optiplug._core.create.OptimizerFactory` calls back ``create``) and
+``selection`` sit below ``registry`` in the import graph. Creating an
+optimizer itself never calls the registry back: it resolves the name and
+hands :func:`~optiplug._core.create.create_optimizer` the records.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from .specs import Candidate, ImplementationSpec, OptimizerSpec, PluginInfo, SelectionRequest
+    from .specs import Candidate, PluginInfo, SelectionRequest
 
-__all__ = ["AlgorithmLookup", "CandidateSource", "OptimizerCreator"]
+__all__ = ["CandidateSource", "OptimizerCreator"]
 
 
 @runtime_checkable
@@ -32,20 +35,6 @@ class OptimizerCreator(Protocol):
         **hparams: Any,
     ) -> torch.optim.Optimizer:
         """Create optimizer ``name`` over ``params``."""
-        ...
-
-
-class AlgorithmLookup(Protocol):
-    """Finds an algorithm's spec and its implementations (what creation reads)."""
-
-    def spec(self, name: str, *, provider: str | None = None) -> OptimizerSpec:
-        """The spec of ``name``."""
-        ...
-
-    def implementations(
-        self, name: str, *, provider: str | None = None
-    ) -> list[ImplementationSpec]:
-        """Every implementation of ``name``."""
         ...
 
 

@@ -385,8 +385,13 @@ class Registry:
         provider: str | None = None,
         **hparams: Any,
     ) -> torch.optim.Optimizer:
-        """Create optimizer ``name`` over ``params``; see :func:`optiplug.create`."""
-        return create_optimizer(self, name, params, impl=impl, provider=provider, **hparams)
+        """Create optimizer ``name`` over ``params``; see :func:`optiplug.create`.
+
+        The name is resolved once, here; creation gets the records, not the registry to ask.
+        """
+        found = self.spec(name, provider=provider)
+        candidates = self._implementations_of(found)
+        return create_optimizer(found, candidates, params, registry=self, impl=impl, **hparams)
 
     def factory(
         self, name: str, *, impl: str | None = None, provider: str | None = None, **hparams: Any
@@ -496,8 +501,11 @@ class Registry:
         self, name: str, *, provider: str | None = None
     ) -> list[ImplementationSpec]:
         """Every registered implementation of algorithm ``name``, sorted by name."""
-        algorithm = self.spec(name, provider=provider).name
-        found = [impl for impl in self._implementations if impl.algorithm == algorithm]
+        return self._implementations_of(self.spec(name, provider=provider))
+
+    def _implementations_of(self, spec: OptimizerSpec) -> list[ImplementationSpec]:
+        """Every registered implementation of the resolved ``spec``, sorted by name."""
+        found = [impl for impl in self._implementations if impl.algorithm == spec.name]
         return sorted(
             found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
         )

@@ -127,6 +127,9 @@ class ImplementationSpec:
         availability: ``() -> str | None``; None when the implementation can
             run on this machine, else the reason it cannot ("needs a CUDA
             device", "triton is not installed"). None means always available.
+        compiles: whether its first steps compile (``torch.compile``, a
+            triton kernel): while ``impl=None`` measures in the background,
+            the highest-priority implementation that does not compile runs.
     """
 
     algorithm: str
@@ -137,6 +140,7 @@ class ImplementationSpec:
     description: str = ""
     provider: ProviderInfo | None = None
     availability: Callable[[], str | None] | None = None
+    compiles: bool = False
 
     def unavailable_reason(self) -> str | None:
         """Why this implementation cannot run on this machine, or None when it can."""

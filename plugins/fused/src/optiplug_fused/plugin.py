@@ -58,6 +58,7 @@ def fused_implementations() -> list[optiplug.ImplementationSpec]:
             availability=optiplug.lazy("optiplug_fused.availability:unavailable_reason"),
             priority=PRIORITY,
             description=description,
+            compiles=True,
         )
         for algorithm, (class_name, description) in IMPLEMENTATIONS.items()
     ]

@@ -69,6 +69,7 @@ class Lion(KernelTableOptimizer):
     priorities: ClassVar[Mapping[str, int]] = {n: p for n, (p, _) in IMPLEMENTATIONS.items()}
     descriptions: ClassVar[Mapping[str, str]] = {n: d for n, (_, d) in IMPLEMENTATIONS.items()}
     zero_state = ("exp_avg",)
+    compiled: ClassVar[frozenset[str]] = frozenset({"fused"})
 
     def _kernel_options(self, group: dict[str, Any]) -> dict[str, Any]:
         """The kernels take the group's hyperparameters packed in one :class:`LionHyper`."""

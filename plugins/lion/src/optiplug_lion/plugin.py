@@ -38,6 +38,7 @@ def lion_implementations() -> tuple[optiplug.ImplementationSpec, ...]:
             supports=optiplug.lazy(_SUPPORTS[name]) if name in _SUPPORTS else None,
             priority=priority,
             description=description,
+            compiles=name == "fused",
         )
         for name, (priority, description) in IMPLEMENTATIONS.items()
     )

@@ -13,7 +13,9 @@ from torch.optim.adam import adam as torch_adam
 
 from optiplug.base import (
     GROUP_META_KEYS,
+    Prepared,
     ValidatedLoading,
+    accepts_prepared,
     closure_loss,
     fused_supported,
     named_param_groups,
@@ -219,11 +221,24 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
 
     algorithm: ClassVar[str] = "muon"
 
-    def __init__(self, params: Iterable[Any], lr: Any = _UNSET, **hparams: Any) -> None:
-        if lr is not _UNSET:
-            hparams["lr"] = lr
-        params = list(params)
-        config: MuonConfig = validated_config(self.algorithm, MuonConfig, params, hparams)
+    @accepts_prepared
+    def __init__(self, params: Iterable[Any] | Prepared, lr: Any = _UNSET, **hparams: Any) -> None:
+        if isinstance(params, Prepared):  # from optiplug.create: validated there
+            if lr is not _UNSET or hparams:
+                raise TypeError("Muon: a Prepared record is given alone, without keywords")
+            prepared = params
+            params, hparams = list(prepared.params), dict(prepared.hparams)
+            valid = prepared.algorithm == self.algorithm and isinstance(prepared.config, MuonConfig)
+            config: MuonConfig = (
+                prepared.config
+                if valid
+                else validated_config(self.algorithm, MuonConfig, params, hparams)
+            )
+        else:
+            if lr is not _UNSET:
+                hparams["lr"] = lr
+            params = list(params)
+            config = validated_config(self.algorithm, MuonConfig, params, hparams)
         groups, self._labels = _route(params, config)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
         self._last_report: StepReport | None = None

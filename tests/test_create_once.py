@@ -1,0 +1,130 @@
+"""``optiplug.create`` validates the hyperparameters and chooses the implementation once.
+
+The registry resolves the name, validates, builds the param groups and
+chooses the implementation, then hands the optimizer class the finished
+record: the class does not validate or choose again, and neither do the
+candidates built while measuring. Counted by wrapping optiplug's own
+module-level functions (the validator every validation runs through, and the
+implementation choice) with counting wrappers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import optiplug
+import optiplug.base
+from optiplug import validators
+from optiplug._core import autotune
+from optiplug.errors import HyperparameterError
+
+
+def _first_party_algorithms() -> list[str]:
+    """Installed first-party algorithms that build on plain CPU tensors.
+
+    A composite (``multi``) creates each part through ``create`` again, so
+    its counts are those of its parts; it is left out.
+    """
+    names = []
+    for name in optiplug.optimizers():
+        spec = optiplug.spec(name)
+        provider = spec.provider.distribution if spec.provider is not None else ""
+        if provider.startswith("optiplug") and "composite" not in spec.capabilities:
+            names.append(name)
+    return names
+
+
+ALGORITHMS = _first_party_algorithms()
+
+
+def _counting(counts: Counter[str], key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[key] += 1
+        return function(*args, **kwargs)
+
+    return counted
+
+
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Count ``validate_hyperparameters`` and ``autotune.select`` wherever optiplug bound them."""
+    registry = optiplug.default_registry()
+    for name in ALGORITHMS:  # import every class first, so each binding is counted
+        records = [registry.spec(name), *registry.implementations(name)]
+        for factory in (record.factory for record in records):
+            if isinstance(factory, optiplug.LazyCallable):
+                factory.resolve()
+    found: Counter[str] = Counter()
+    wrapped = {
+        "validate_hyperparameters": (
+            "validations",
+            validators.validate_hyperparameters,
+        ),
+        "select": ("selections", autotune.select),
+    }
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("optiplug"):
+            continue
+        for attribute, (key, original) in wrapped.items():
+            if getattr(module, attribute, None) is original:
+                monkeypatch.setattr(module, attribute, _counting(found, key, original))
+    monkeypatch.setenv("OPTIPLUG_AUTOTUNE", "1")
+    monkeypatch.setenv("OPTIPLUG_AUTOTUNE_CACHE", "0")
+    autotune.clear_cache()  # first use: the choice is measured inside create
+    yield found
+    autotune.clear_cache()
+
+
+def _params() -> list[tuple[str, torch.nn.Parameter]]:
+    torch.manual_seed(0)
+    return list(torch.nn.Linear(8, 8).named_parameters())
+
+
+def test_the_table_holds_the_first_party_algorithms() -> None:
+    assert {"adam", "adamw", "sgd", "lion", "muon"} <= set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_create_validates_and_chooses_once(name: str, counts: Counter[str]) -> None:
+    optimizer = optiplug.create(name, _params(), lr=1e-3)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert counts["validations"] == 1, counts
+    assert counts["selections"] == 1, counts
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_forced_implementation_validates_and_checks_once(name: str, counts: Counter[str]) -> None:
+    cpu = [i for i in optiplug.default_registry().implementations(name) if i.name == "loop"]
+    if not cpu:
+        pytest.skip(f"{name} has no loop implementation")
+    optimizer = optiplug.create(name, _params(), lr=1e-3, impl="loop")
+    assert optimizer.impl == "loop"  # type: ignore[attr-defined]
+    assert counts["validations"] == 1, counts
+    assert counts["selections"] == 1, counts
+
+
+def test_grouping_validates_once(counts: Counter[str]) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    optimizer = optiplug.create("adamw", model, lr=1e-3, no_decay="auto", impl="loop")
+    assert len(optimizer.param_groups) == 2
+    assert counts["validations"] == 1, counts
+    assert counts["selections"] == 1, counts
+
+
+def test_a_class_built_directly_validates_through_the_same_routine(
+    counts: Counter[str],
+) -> None:
+    import optiplug_adamw
+
+    optimizer = optiplug_adamw.AdamW(_params(), lr=1e-3, impl="foreach")
+    assert optimizer.impl == "foreach"
+    assert counts["validations"] == 1, counts
+    assert counts["selections"] == 1, counts
+    with pytest.raises(HyperparameterError, match="lr"):
+        optiplug_adamw.AdamW(_params(), lr=-1.0)
