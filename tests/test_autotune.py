@@ -225,6 +225,8 @@ def test_a_candidate_whose_warm_up_exceeds_the_budget_is_dropped_not_waited_for(
         optiplug.ImplementationSpec("toy", "quick", sgd_building("quick")),
         optiplug.ImplementationSpec("toy", "other", sgd_building("other")),
     )
+    # torch's first optimizer construction imports torch._dynamo (over a second): pay it first
+    torch.optim.SGD(params(), lr=0.1)
     start = time.perf_counter()
     optimizer = registry.create("toy", params())
     took = time.perf_counter() - start

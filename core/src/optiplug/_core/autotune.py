@@ -45,10 +45,11 @@ choice is written to a JSON file per machine, keyed by the algorithm, the
 candidates, the parameters' sizes, dtype and device, torch's version, the
 device's name and torch's thread count, and a later process with the same key
 takes it from there without measuring (its :func:`measurements` record says
-``source="cache"``). A choice left provisional because a candidate ran out of
-warm-up time is completed at exit, once that candidate's one-time cost has
-been paid: the candidates are measured again then, and a complete result is
-written. ``OPTIPLUG_AUTOTUNE_CACHE=0`` neither reads nor writes the file;
+``source="cache"``). Only a complete measurement is written. In the
+background, one left provisional because a candidate ran out of warm-up time
+(a first compilation) is measured again once that warm-up is done; nothing
+is measured at exit, where a compilation can fail or abort the interpreter.
+``OPTIPLUG_AUTOTUNE_CACHE=0`` neither reads nor writes the file;
 :func:`clear_autotune_cache` removes it. Under ``torch.distributed`` the file
 is not used: the ranks agree on a measured choice as above.
 """
@@ -133,7 +134,8 @@ _measurements: dict[tuple[Any, ...], Measurement] = {}
 _failures: dict[tuple[str, str, str], str] = {}
 _exclusions: dict[tuple[str, str], dict[str, str]] = {}
 _warming: dict[tuple[str, str, str, str], threading.Thread] = {}
-_pending: dict[str, _Pending] = {}
+_exiting = threading.Event()
+"""Set once the interpreter starts to exit: background measurements start nothing more."""
 _agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
     "optiplug_autotune_agreement", default=None
 )
@@ -216,18 +218,6 @@ def wait_for_measurements(timeout: float | None = None) -> bool:
     return all(tuning.finished.wait(timeout) for tuning in running)
 
 
-@attrs.frozen
-class _Pending:
-    """A provisional choice to measure again at exit and write to the cache file if complete."""
-
-    algorithm: str
-    candidates: tuple[ImplementationSpec, ...]
-    sample: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
-    hparams: dict[str, Any]
-    fields: dict[str, Any]
-    file: Path
-
-
 def decisions(agreed: bool = False) -> dict[tuple[Any, ...], tuple[str, dict[str, float]]]:
     """The cached choices: key -> (winner, {implementation: median seconds}).
 
@@ -288,12 +278,10 @@ def clear_cache() -> None:
     """Forget every measured choice, own and agreed, and every recorded failure.
 
     The autotune cache file is kept (:func:`clear_autotune_cache` removes it);
-    provisional choices are no longer completed at exit. Background
-    measurements still running are waited for first.
+    background measurements still running are waited for first.
     """
     wait_for_measurements(MAX_BUDGET)
     with _lock:
-        _pending.clear()
         _decisions.clear()
         _agreed.clear()
         _measurements.clear()
@@ -320,8 +308,6 @@ def clear_autotune_cache() -> bool:
     Returns:
         Whether there was a file to remove.
     """
-    with _lock:
-        _pending.clear()
     return _stored.clear()
 
 
@@ -586,13 +572,12 @@ def _finish_background_warmups() -> None:
     Interpreter shutdown would otherwise stop a thread inside native code (a
     compilation), which aborts the process. Registered with the hooks that
     run before ``concurrent.futures`` shuts its executors down (compilers use
-    them), where this Python has them, else with :mod:`atexit`. Then the
-    provisional choices are completed for the cache file
-    (:func:`_complete_provisional`), and warm-ups that left behind are waited
-    for in turn.
+    them), where this Python has them, else with :mod:`atexit`. Background
+    measurements start no further candidate from then on (a compilation
+    started while the interpreter shuts down can fail or abort it), so they
+    end soon, storing nothing.
     """
-    _join_warmups()
-    _complete_provisional()
+    _exiting.set()
     _join_warmups()
 
 
@@ -602,41 +587,6 @@ def _join_warmups() -> None:
         threads += [t.thread for t in _tunings.values() if t.thread is not None]
     for thread in threads:
         thread.join(_EXIT_WAIT)
-
-
-def _complete_provisional() -> None:
-    """Measure the provisional choices again now that late warm-ups are done; store complete ones.
-
-    Bounded by one overall budget for all of them; nothing here may raise
-    at exit, so a candidate that fails, or a choice still incomplete, just
-    leaves the cache file as it was.
-    """
-    with _lock:
-        pending = list(_pending.values())
-        _pending.clear()
-    if not pending:
-        return
-    try:
-        per_candidate, overall = budgets(pending[0].sample[0][2])
-    except Exception:
-        return
-    deadline = time.perf_counter() + overall
-    for item in pending:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            return
-        with contextlib.suppress(Exception):
-            _complete(item, (min(per_candidate, left), left))
-
-
-def _complete(item: _Pending, budget: tuple[float, float]) -> None:
-    """Measure ``item`` again within ``budget``; store the result unless a candidate was late."""
-    sample = [
-        torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in item.sample
-    ]
-    found = measure(item.algorithm, item.candidates, sample, item.hparams, budget=budget)
-    if not found.late:
-        _stored.store(item.fields, found.winner, found.timings, item.file)
 
 
 getattr(threading, "_register_atexit", atexit.register)(_finish_background_warmups)
@@ -744,6 +694,7 @@ def measure(
     dropped: dict[str, str] = {}
     late = []
     for impl in ranked:
+        _stop_if_exiting()
         outcome = _warm(impl, sample, hparams, device, (per_candidate, deadline), ready, config)
         if outcome is not None:
             dropped[impl.name], out_of_time = outcome
@@ -775,6 +726,16 @@ def measure(
         elements=sum(t.numel() for t in sample),
         seconds=time.perf_counter() - started,
     )
+
+
+class _Cancelled(Exception):
+    """A background measurement stopped because the interpreter is exiting."""
+
+
+def _stop_if_exiting() -> None:
+    """Raise :class:`_Cancelled` in a background thread once the interpreter exits."""
+    if _exiting.is_set() and threading.current_thread() is not threading.main_thread():
+        raise _Cancelled
 
 
 def _warm(
@@ -852,7 +813,7 @@ def choose(
     Outside :func:`agreed_across_ranks` and with a single process, the choice
     stored in the autotune cache file for these parameters is taken without
     measuring, and a complete measurement is stored there (a provisional one
-    is completed at exit).
+    is not).
 
     Returns:
         The fastest candidate (across ranks inside :func:`agreed_across_ranks`);
@@ -961,7 +922,7 @@ def _measured_choice(
         if not found.late:
             _decisions[key] = (found.winner, found.timings)
     if where is not None:
-        _remember(*where, algorithm, ranked, params, hparams, found)
+        _remember(*where, found)
     return found.winner, found.timings
 
 
@@ -997,6 +958,10 @@ def _background(
     def run() -> None:
         try:
             tuning.winner = _measured_choice(key, algorithm, ranked, tensors, hparams, config)[0]
+            if _measurements[key].late:  # a first compilation outlasted its budget
+                tuning.winner = _measured_again(key, algorithm, ranked, tensors, hparams, config)
+        except _Cancelled:  # the interpreter is exiting: keep the ready implementation
+            pass
         except Exception as error:  # keep the ready implementation; say why once
             report_failure(ranked[0], error)
         finally:
@@ -1007,6 +972,28 @@ def _background(
     tuning.thread = threading.Thread(target=run, name=f"optiplug-autotune-{algorithm}", daemon=True)
     tuning.thread.start()
     return tuning
+
+
+def _measured_again(
+    key: tuple[Any, ...],
+    algorithm: str,
+    ranked: Sequence[ImplementationSpec],
+    params: Sequence[torch.Tensor],
+    hparams: Mapping[str, Any],
+    config: Any,
+) -> str:
+    """Once the late candidates' warm-ups (their one-time cost) are done, measure again.
+
+    Still in the background, while training goes on: the optimizer then
+    switches to the complete measurement's winner, which is written to the
+    cache file, instead of settling on the provisional one.
+    """
+    with _lock:
+        warming = list(_warming.values())
+    for thread in warming:
+        thread.join(_EXIT_WAIT)
+        _stop_if_exiting()
+    return _measured_choice(key, algorithm, ranked, params, hparams, config)[0]
 
 
 def _cache_key(
@@ -1032,26 +1019,10 @@ def _cache_key(
     return _stored.key_fields(algorithm, names, shapes, first.dtype, first.device), file
 
 
-def _remember(
-    fields: dict[str, Any],
-    file: Path,
-    algorithm: str,
-    ranked: Sequence[ImplementationSpec],
-    params: Sequence[torch.Tensor],
-    hparams: Mapping[str, Any],
-    found: Measurement,
-) -> None:
-    """Write a complete measurement to the cache file; keep a provisional one for exit."""
-    entry = _stored.entry_key(fields)
+def _remember(fields: dict[str, Any], file: Path, found: Measurement) -> None:
+    """Write a complete measurement to the cache file; a provisional one is not written."""
     if not found.late:
-        with _lock:
-            _pending.pop(entry, None)
         _stored.store(fields, found.winner, found.timings, file)
-        return
-    plan = _sample_plan([p.shape for p in params], sample_bound(params[0].device))
-    sample = tuple((shape, params[i].dtype, params[i].device) for i, shape in plan)
-    with _lock:
-        _pending[entry] = _Pending(algorithm, tuple(ranked), sample, dict(hparams), fields, file)
 
 
 def select(
