@@ -954,9 +954,11 @@ def _background(
         _tunings[key] = tuning
         _measurements[key] = Measurement(ready, {}, source="pending")
     tensors = list(params)  # only their metadata is read, as when measuring on this thread
+    threads = torch.get_num_threads()  # per thread: time with the caller's, as it will run
 
     def run() -> None:
         try:
+            torch.set_num_threads(threads)
             tuning.winner = _measured_choice(key, algorithm, ranked, tensors, hparams, config)[0]
             if _measurements[key].late:  # a first compilation outlasted its budget
                 tuning.winner = _measured_again(key, algorithm, ranked, tensors, hparams, config)
