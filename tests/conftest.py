@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,14 @@ def build_wheel(where: Path, dist: str, plugin_source: str, entry_name: str) -> 
         for path, data in files.items():
             archive.writestr(path, data)
     return wheel
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_autotune_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Module- and session-scoped fixtures, set up before any test's own, never touch ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path_factory.mktemp("optiplug-session-cache")))
+        yield
 
 
 @pytest.fixture(autouse=True)
