@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# Set before collection: a module or fixture that builds optimizers before any
+# test's own fixture runs never writes the user's autotune cache either.
+os.environ["OPTIPLUG_CACHE_DIR"] = tempfile.mkdtemp(prefix="optiplug-test-cache-")
+atexit.register(shutil.rmtree, os.environ["OPTIPLUG_CACHE_DIR"], ignore_errors=True)
 
 
 def _record_line(path: str, data: bytes) -> str:
@@ -38,14 +46,6 @@ def build_wheel(where: Path, dist: str, plugin_source: str, entry_name: str) -> 
         for path, data in files.items():
             archive.writestr(path, data)
     return wheel
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _session_autotune_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Module- and session-scoped fixtures, set up before any test's own, never touch ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path_factory.mktemp("optiplug-session-cache")))
-        yield
 
 
 @pytest.fixture(autouse=True)
