@@ -682,12 +682,13 @@ _FULL_DISK = textwrap.dedent(
 )
 
 
-def test_save_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previous(
-    saved: Path,
-) -> None:
-    before = file_bytes(saved)
+def _write_past_the_file_size_limit(path: Path, function: str) -> str:
+    """Run ``checkpoint.<function>`` to ``path`` in a child under a 64 KiB file-size limit.
+
+    Asserts it raised a typed ``CheckpointError``; returns its message.
+    """
     child = subprocess.run(
-        [sys.executable, "-c", _FULL_DISK, str(saved), "save"],
+        [sys.executable, "-c", _FULL_DISK, str(path), function],
         capture_output=True,
         text=True,
         timeout=120,
@@ -695,6 +696,14 @@ def test_save_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previou
     assert child.returncode == 0, child.stderr
     kind, message, typed = json.loads(child.stdout)
     assert (kind, typed) == ("CheckpointError", True), message
+    return str(message)
+
+
+def test_save_past_the_file_size_limit_is_a_checkpoint_error_keeping_the_previous(
+    saved: Path,
+) -> None:
+    before = file_bytes(saved)
+    message = _write_past_the_file_size_limit(saved, "save")
     assert "file too large" in message.lower() and str(saved) in message
     assert file_bytes(saved) == before
     assert [p.name for p in saved.parent.iterdir()] == ["ckpt"]
@@ -828,15 +837,7 @@ def test_export_torch_past_the_file_size_limit_is_a_checkpoint_error_keeping_the
     path = tmp_path / "opt.pt"
     checkpoint.export_torch(path, make_adam())
     before = path.read_bytes()
-    child = subprocess.run(
-        [sys.executable, "-c", _FULL_DISK, str(path), "export_torch"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert child.returncode == 0, child.stderr
-    kind, message, typed = json.loads(child.stdout)
-    assert (kind, typed) == ("CheckpointError", True), message
+    message = _write_past_the_file_size_limit(path, "export_torch")
     assert "file too large" in message.lower() and str(path) in message
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["opt.pt"]

@@ -320,11 +320,19 @@ def bytes_per_parameter(
     """
     if spec.name not in _ELEMENTWISE or spec.state_slots is None:
         return None
-    total = 3 * itemsize  # read p and g, write p
-    for slot in spec.state_slots:
-        if slot.shape == "param" and slot.present_for(hparams):
-            total += 2 * (4 if slot.dtype == "float32" else itemsize)
-    return total
+    # read p and g, write p; read and write each state slot
+    return 3 * itemsize + 2 * _state_bytes_per_parameter(spec, hparams, itemsize)
+
+
+def _state_bytes_per_parameter(
+    spec: OptimizerSpec, hparams: Mapping[str, Any], itemsize: int
+) -> int:
+    """Bytes of the ``"param"``-shaped state slots present for ``hparams``, per parameter."""
+    return sum(
+        4 if slot.dtype == "float32" else itemsize
+        for slot in spec.state_slots or ()
+        if slot.shape == "param" and slot.present_for(hparams)
+    )
 
 
 def memory_needed(
@@ -352,11 +360,7 @@ def memory_needed(
         The bytes.
     """
     built = max(1, implementations)
-    state = sum(
-        4 if slot.dtype == "float32" else itemsize
-        for slot in spec.state_slots or ()
-        if slot.shape == "param" and slot.present_for(hparams)
-    )
+    state = _state_bytes_per_parameter(spec, hparams, itemsize)
     floor = bytes_per_parameter(spec, hparams, itemsize) or 0
     return parameters * ((1 + built) * 2 * itemsize + built * state + floor)
 
