@@ -2,10 +2,11 @@
 
 For each parameter set, every optimizer is built over its own copy of the
 parameters (gradients are shared, set once, so optiplug-fused's pointer table
-is reused as in a loop that zeroes gradients in place), warmed up, then timed
-over the same steps with CUDA events (GPU time) and ``time.perf_counter``
-(wall time, which also counts the Python work of issuing the step). Runs are
-sequential, each freed before the next.
+is reused as in a loop that zeroes gradients in place), warmed up (JIT
+compiles, tables, state), sized on two warmed steps (never on the warm-up),
+then timed over the same steps with CUDA events (GPU time) and
+``time.perf_counter`` (wall time, which also counts the Python work of
+issuing the step). Runs are sequential, each freed before the next.
 
 The floor is the time the step's memory traffic takes at the bandwidth of an
 in-place ``copy_`` measured in the same run (read + write): AdamW moves 28
@@ -26,6 +27,11 @@ Targets on an H200 for ``triton``: <= 1.10x floor on (a), <= 1.5x on (b),
 
     python benchmarks/bench_cuda.py                      # every set, adamw and lion
     python benchmarks/bench_cuda.py --sets a,c --algorithms adamw --steps 50
+    python benchmarks/bench_cuda.py --sweep              # optiplug-fused's (BLOCK, num_warps)
+
+``--sweep`` times optiplug-fused's AdamW for each candidate ``(BLOCK,
+num_warps)`` (:func:`optiplug_fused.tuning.sweep`), fp32 then bf16, prints
+one table per dtype and the fastest, then measures the sets with it.
 
 Exits with a message when no CUDA device is present.
 """
@@ -125,32 +131,70 @@ def _create(
     return make
 
 
+MIN_STEPS = 10
+"""Timed steps never fall below this (nor below what was asked, if fewer)."""
+PROBE_STEPS = 2
+"""Warmed steps timed to size the run: the warm-up's compiles never count."""
+
+
 @dataclass
 class Timing:
-    """Per-step GPU and wall seconds of one optimizer."""
+    """Per-step GPU and wall seconds of one optimizer, over ``steps`` timed steps."""
 
     gpu: float
     wall: float
+    steps: int
 
 
-def time_steps(optimizer: torch.optim.Optimizer, steps: int, warmup: int = 3) -> Timing:
-    """Warm up, then time ``steps`` steps (fewer when one step takes over 0.2 s)."""
-    start = time.perf_counter()
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    device: torch.device = next(p.device for g in optimizer.param_groups for p in g["params"])
+    return device
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(per_step: float, steps: int, budget: float) -> int:
+    """How many steps to time: ``steps``, fewer when warmed steps would exceed ``budget`` s.
+
+    Never fewer than ``MIN_STEPS`` (or ``steps`` when that is smaller).
+    """
+    fitting = int(budget / max(per_step, 1e-9))
+    return max(min(MIN_STEPS, steps), min(steps, fitting))
+
+
+def time_steps(
+    optimizer: torch.optim.Optimizer, steps: int, warmup: int = 3, budget: float = 2.0
+) -> Timing:
+    """Warm up (JIT compiles, tables, state), size the run on warmed steps, then time it.
+
+    GPU time from CUDA events (the wall time on a CPU), wall time from
+    ``time.perf_counter``; the warm-up and the sizing steps are not timed.
+    """
+    device = _device_of(optimizer)
     for _ in range(warmup):
         optimizer.step()
-    torch.cuda.synchronize()
-    per_step = (time.perf_counter() - start) / warmup
-    steps = max(2, min(steps, int(2.0 / max(per_step, 1e-6))))
-    begin, end = _event(), _event()
-    torch.cuda.synchronize()
+    _synchronize(device)
+    probe = time.perf_counter()
+    for _ in range(PROBE_STEPS):
+        optimizer.step()
+    _synchronize(device)
+    steps = timed_steps((time.perf_counter() - probe) / PROBE_STEPS, steps, budget)
+    cuda = device.type == "cuda"
+    begin, end = (_event(), _event()) if cuda else (None, None)
     wall_start = time.perf_counter()
-    begin.record()
+    if begin is not None:
+        begin.record()
     for _ in range(steps):
         optimizer.step()
-    end.record()
-    end.synchronize()
+    if end is not None:
+        end.record()
+        end.synchronize()
     wall = (time.perf_counter() - wall_start) / steps
-    return Timing(begin.elapsed_time(end) / 1e3 / steps, wall)
+    gpu = begin.elapsed_time(end) / 1e3 / steps if begin is not None and end else wall
+    return Timing(gpu, wall, steps)
 
 
 def run_set(spec: ParamSet, algorithm: str, bandwidth: float, steps: int) -> dict[str, Timing]:
@@ -179,12 +223,12 @@ def run_set(spec: ParamSet, algorithm: str, bandwidth: float, steps: int) -> dic
         f"\n{algorithm}, ({spec.key}) {spec.label}: floor {floor * 1e3:.3f} ms "
         f"({bytes_per_parameter(algorithm, spec.dtype)} B/param)"
     )
-    print(f"  {'optimizer':<28}{'GPU ms':>10}{'wall ms':>10}{'x floor':>9}{'GB/s':>8}")
+    print(f"  {'optimizer':<28}{'GPU ms':>10}{'wall ms':>10}{'x floor':>9}{'GB/s':>8}{'steps':>7}")
     for name, timing in sorted(results.items(), key=lambda item: item[1].wall):
         rate = bytes_per_parameter(algorithm, spec.dtype) * spec.parameters / timing.gpu / 1e9
         print(
             f"  {name:<28}{timing.gpu * 1e3:>10.3f}{timing.wall * 1e3:>10.3f}"
-            f"{timing.gpu / floor:>9.2f}{rate:>8.0f}"
+            f"{timing.gpu / floor:>9.2f}{rate:>8.0f}{timing.steps:>7}"
         )
     triton = results.get(f"optiplug {algorithm} triton")
     fused = results.get("torch AdamW fused")
@@ -196,17 +240,45 @@ def run_set(spec: ParamSet, algorithm: str, bandwidth: float, steps: int) -> dic
     return results
 
 
+def print_sweep(steps: int) -> None:
+    """Sweep optiplug-fused's launch configurations (fp32, bf16); the fp32 winner stays set."""
+    from optiplug_fused import tuning
+
+    chosen = {}
+    for dtype in (torch.bfloat16, torch.float32):  # fp32 last: its winner is kept
+        name = str(dtype).removeprefix("torch.")
+        results = tuning.sweep("cuda", dtype=dtype, steps=steps)
+        best = results[0]
+        chosen[name] = best
+        print(f"\nlaunch sweep, AdamW {name}, 64M parameters in 8 tensors (4 not a multiple of 8):")
+        print(f"  {'BLOCK':>6}{'warps':>7}{'ms/step':>10}{'x best':>8}")
+        for timing in results:
+            print(
+                f"  {timing.block:>6}{timing.num_warps:>7}{timing.seconds * 1e3:>10.3f}"
+                f"{timing.seconds / best.seconds:>8.2f}"
+            )
+    print(
+        "launch sweep best: "
+        + ", ".join(f"{name} BLOCK={t.block} num_warps={t.num_warps}" for name, t in chosen.items())
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="a,b,c,d", help="comma-separated: a, b, c, d")
     parser.add_argument("--algorithms", default="adamw,lion", help="adamw and/or lion")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (fewer if slow)")
+    parser.add_argument(
+        "--sweep", action="store_true", help="sweep optiplug-fused's (BLOCK, num_warps) first"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit(
             "bench_cuda.py needs a CUDA device: torch.cuda.is_available() is False "
             f"(torch {torch.__version__}); nothing was measured."
         )
+    if args.sweep:
+        print_sweep(args.steps)
     sets = [SETS[key.strip()] for key in args.sets.split(",") if key.strip()]
     algorithms = [name.strip() for name in args.algorithms.split(",") if name.strip()]
     bandwidth = hbm_bandwidth()

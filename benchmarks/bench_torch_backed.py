@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 import optiplug
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 HPARAMS = {"sgd": {"lr": 1e-3, "momentum": 0.9}, "adam": {"lr": 1e-3}, "adamw": {"lr": 1e-3}}
@@ -113,7 +113,7 @@ def main() -> None:
     for size in sizes:
         params = make_params(parse_size(size))
         for name in args.algorithms:
-            _autotune.clear_cache()
+            chooser_of().clear()
             for row in report(name, size, measure(variants(name, params), rounds)):
                 print(row, flush=True)
         del params

@@ -12,7 +12,7 @@ optiplug's own files (the core and the first-party plugins):
 * files: distinct files among the calling thread's;
 * hops: its calls whose caller is in another first-party file;
 * validations: runs of ``validate_hyperparameters`` (every thread);
-* selections: runs of the implementation choice (``autotune.select``);
+* selections: runs of the implementation choice (``ImplementationChooser.select``);
 * constructions: optimizers constructed (``torch.optim.Optimizer.__init__``).
 
 Run: ``python benchmarks/trace_create.py`` (prints one line per trace).
@@ -70,7 +70,7 @@ def trace(impl: str | None) -> dict[str, Any]:
                 return
             if code.co_name == "validate_hyperparameters":
                 counts["validations"] += 1
-            if code.co_name == "select" and filename.endswith("autotune.py"):
+            if code.co_name == "select" and filename.endswith("chooser.py"):
                 counts["selections"] += 1
             if threading.current_thread() is not caller_thread:
                 counts["elsewhere"] += 1

@@ -42,6 +42,8 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 LICENSE = (ROOT / "LICENSE").read_bytes()
 
@@ -92,7 +94,23 @@ def run(*command: str | Path, env: dict[str, str] | None = None) -> str:
 def distributions() -> dict[str, Path]:
     """Every distribution's name and source directory: the core, then the plugins."""
     plugins = sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-    return {"optiplug": ROOT / "core", **{f"optiplug-{p.name}": p for p in plugins}}
+    return {"optiplug": ROOT / "core", **{_project(p)["name"]: p for p in plugins}}
+
+
+def _project(source: Path) -> dict[str, object]:
+    """The ``[project]`` table of ``source``'s pyproject.toml."""
+    with (source / "pyproject.toml").open("rb") as file:
+        project: dict[str, object] = tomllib.load(file)["project"]
+    return project
+
+
+def plugin_name(source: Path) -> str:
+    """The entry-point name a plugin distribution registers in ``optiplug.plugins``."""
+    entry_points = _project(source).get("entry-points", {})
+    names = list(entry_points.get("optiplug.plugins", {})) if isinstance(entry_points, dict) else []
+    if len(names) != 1:
+        raise SystemExit(f"wheels: {source} must name exactly one optiplug.plugins entry point")
+    return str(names[0])
 
 
 def build(source: Path, out: Path) -> None:
@@ -160,10 +178,10 @@ def discover(target: Path, dists: dict[str, Path]) -> list[str]:
     if probe["code"] != 0:
         problems.append(f"optiplug list --json exited {probe['code']}")
     found = {p["name"]: p for p in probe["listing"]["plugins"]}
-    for dist in dists:
+    for dist, source in dists.items():
         if dist == "optiplug":
             continue
-        name = dist.removeprefix("optiplug-")
+        name = plugin_name(source)
         row = found.get(name, {})
         if row.get("status") != "active" or row.get("distribution") != dist:
             problems.append(f"plugin {name}: {row.get('status', 'missing')} ({row})")

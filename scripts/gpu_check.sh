@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check: every CUDA test, benchmarks/bench_cuda.py and a one-GPU NCCL
+# The GPU check: every CUDA test, optiplug-fused's CUDA-graph and device runs,
+# its (BLOCK, num_warps) sweep, benchmarks/bench_cuda.py and a one-GPU NCCL
 # FSDP run, in one go, ending with one summary table (docs/performance.md).
 #
 #   bash scripts/gpu_check.sh          # from the repository root, on a CUDA machine
@@ -9,7 +10,7 @@
 # PYTHONPATH. Logs go to $OUT if set, else to a new temporary folder.
 #
 # Environment: PYTHON (the interpreter; default python3), OUT (the log folder),
-# GPU_CHECK_BUDGET (seconds for the whole check; default 450: each step's
+# GPU_CHECK_BUDGET (seconds for the whole check; default 500: each step's
 # timeout is cut to what is left of it).
 #
 # Exit status: 0 every step passed; 1 a step failed; 2 no CUDA device (or no
@@ -18,7 +19,7 @@ set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY=${PYTHON:-python3}
-BUDGET=${GPU_CHECK_BUDGET:-450}
+BUDGET=${GPU_CHECK_BUDGET:-500}
 START=$SECONDS
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 
@@ -145,7 +146,7 @@ fi
 # Selected with `-k cuda`: the tests parametrised with a "cuda" device, the
 # ones named after it, and those marked `cuda` (their outcome depends on a
 # CUDA device being present), slow ones included, in the test files that
-# mention cuda at all.
+# mention cuda at all (tests/test_fused_tables.py has its own step, next).
 heading "CUDA tests"
 t=$SECONDS
 if ((installed != 0)); then
@@ -155,6 +156,7 @@ elif ((have_pytest == 0)); then
 else
     FILES=()
     for file in tests/test_*.py; do
+        [[ $file == tests/test_fused_tables.py ]] && continue
         grep -q cuda "$file" && FILES+=("$file")
     done
     echo "files: ${FILES[*]}"
@@ -172,6 +174,55 @@ else
         record "CUDA tests" "fail (no test selected)" $((SECONDS - t))
     else
         record "CUDA tests" "fail (${counts:-exit $rc}; see cuda-tests.log)" $((SECONDS - t))
+    fi
+fi
+
+# ------------------------------------------------ 3b. optiplug-fused: CUDA graphs, devices
+# tests/test_fused_tables.py's CUDA tests: no host sync in a step (sync debug
+# mode "error"), torch's whole-network CUDA-graph recipe captured and replayed
+# against eager steps, a replay across an in-place table rebuild, and, when
+# two devices are visible, a bucket on cuda:1 while cuda:0 is current.
+heading "CUDA graphs, devices"
+t=$SECONDS
+if ((installed != 0)); then
+    record "CUDA graphs, devices" "skip (install failed)" 0
+elif ((have_pytest == 0)); then
+    record "CUDA graphs, devices" "fail (pytest or hypothesis missing)" 0
+else
+    timeout "$(limit 120)" "$PY" -m pytest "${PYTEST_OPTIONS[@]}" -rA tests/test_fused_tables.py \
+        2>&1 | tee "$LOG/fused-graphs.log"
+    rc=${PIPESTATUS[0]}
+    devices=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null)
+    counts=$(grep -E '^=*.* in [0-9.]+s' "$LOG/fused-graphs.log" | tail -n 1 |
+        grep -oE '[0-9]+ (passed|failed|errors?|skipped)' | paste -sd, - | sed 's/,/, /g')
+    result="${counts:-no counts}; ${devices:-?} devices"
+    if ((rc == 0)); then
+        record "CUDA graphs, devices" "pass ($result)" $((SECONDS - t))
+    elif ((rc == 124 || rc == 137)); then
+        record "CUDA graphs, devices" "fail (timed out; see fused-graphs.log)" $((SECONDS - t))
+    else
+        record "CUDA graphs, devices" "fail ($result; see fused-graphs.log)" $((SECONDS - t))
+    fi
+fi
+
+# ------------------------------------------------ 3c. optiplug-fused launch sweep
+# (BLOCK, num_warps) of the update kernels, timed on this device for AdamW
+# bf16 and fp32 (optiplug_fused.tuning.sweep); the fastest goes in the summary.
+heading "launch sweep"
+t=$SECONDS
+if ((installed != 0)); then
+    record "launch sweep" "skip (install failed)" 0
+else
+    timeout "$(limit 100)" "$PY" benchmarks/bench_cuda.py --sweep --sets "" --steps 20 2>&1 |
+        tee "$LOG/launch-sweep.txt"
+    rc=${PIPESTATUS[0]}
+    best=$(grep -oE 'float32 BLOCK=[0-9]+ num_warps=[0-9]+' "$LOG/launch-sweep.txt" | head -n 1)
+    if ((rc == 0)) && [[ -n $best ]]; then
+        record "launch sweep" "pass (best $best)" $((SECONDS - t))
+    elif ((rc == 124 || rc == 137)); then
+        record "launch sweep" "fail (timed out; see launch-sweep.txt)" $((SECONDS - t))
+    else
+        record "launch sweep" "fail (exit $rc; see launch-sweep.txt)" $((SECONDS - t))
     fi
 fi
 
@@ -312,6 +363,12 @@ fi
 rm -rf "$SITE" "$SOURCES"
 highlights=$(grep -E '^adamw, \(|^  (torch AdamW fused|optiplug adamw triton) |triton vs torch' \
     "$LOG/bench_cuda.txt" 2>/dev/null)
+sweep=$(grep -E '^launch sweep|^ +BLOCK|^ +[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+$' \
+    "$LOG/launch-sweep.txt" 2>/dev/null)
+if [[ -n $sweep ]]; then
+    heading "launch sweep: AdamW ms per step for each (BLOCK, num_warps) (whole: launch-sweep.txt)"
+    echo "$sweep"
+fi
 if [[ -n $highlights ]]; then
     heading "bench_cuda.py: triton and torch's fused AdamW, same run (whole tables: bench_cuda.txt)"
     echo "$highlights"

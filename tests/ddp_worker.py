@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import optiplug
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 
 TIMEOUT = datetime.timedelta(seconds=20)
 
@@ -88,13 +88,13 @@ def count_gradient_syncs(graph: optiplug.Graph) -> list[int]:
 
 def implementation_choices(graph: optiplug.Graph) -> dict[str, object]:
     """The Graph's implementation, its agreed timings, and what a bare create picks here."""
-    own_before = len(_autotune.decisions())
+    own_before = len(chooser_of().decisions())
     bare = optiplug.create("sgd", model().parameters(), lr=0.05, momentum=0.9)
     return {
         "graph_impl": graph.optimizer.impl,
-        "agreed": {str(key): value for key, value in _autotune.decisions(agreed=True).items()},
+        "agreed": {str(key): value for key, value in chooser_of().decisions(agreed=True).items()},
         "bare_impl": bare.impl,
-        "bare_measured": len(_autotune.decisions()) - own_before,
+        "bare_measured": len(chooser_of().decisions()) - own_before,
     }
 
 

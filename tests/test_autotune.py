@@ -18,7 +18,8 @@ import torch
 
 import optiplug
 from optiplug import cli
-from optiplug._core import autotune as _autotune
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import chooser_of
 from optiplug.cli.listing import listing, show_optimizer
 from optiplug.errors import HyperparameterError, OptimizerUnavailableError
 
@@ -27,10 +28,10 @@ from optiplug.errors import HyperparameterError, OptimizerUnavailableError
 def _fresh_autotune(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test measures from scratch, with the default budget and measuring on."""
     monkeypatch.delenv("OPTIPLUG_AUTOTUNE", raising=False)
-    monkeypatch.delenv(_autotune.BUDGET_VARIABLE, raising=False)
-    _autotune.clear_cache()
+    monkeypatch.delenv(_timing.BUDGET_VARIABLE, raising=False)
+    chooser_of().clear()
     yield
-    _autotune.clear_cache()
+    chooser_of().clear()
 
 
 def sgd_building(name: str, *, sleep_first: float = 0.0) -> Callable[..., torch.optim.Optimizer]:
@@ -141,7 +142,7 @@ def test_choosing_skips_unavailable_implementations_and_raising_checks(
     for param in f64:
         param.grad = torch.ones(4, dtype=torch.float64)
     assert registry.create("toy", f64).chosen in {"plain", "f64"}  # type: ignore[attr-defined]
-    for measured in _autotune.measurements().values():
+    for measured in chooser_of(registry).measurements().values():
         assert not {"gpu", "broken"} & set(measured.timings)
 
 
@@ -189,27 +190,27 @@ def meta(*sizes: int) -> list[torch.Tensor]:
 def test_sample_has_the_real_shapes_up_to_the_bound() -> None:
     real = [torch.empty(512, 512), torch.empty(1 << 18), torch.empty(3, 7)]
     state = torch.get_rng_state()
-    sample = _autotune.synthetic_parameters(real)
+    sample = _timing.synthetic_parameters(real)
     assert torch.equal(torch.get_rng_state(), state)
     assert [t.shape for t in sample] == [t.shape for t in real]
     assert all(t.grad is not None and t.grad.shape == t.shape and t.is_leaf for t in sample)
 
 
 def test_sample_beyond_the_bound_scales_count_and_elements_together() -> None:
-    bound = _autotune.sample_bound(torch.device("cpu"))
-    assert bound == 4 << 20 and _autotune.sample_bound(torch.device("cuda")) == 64 << 20
-    sample = _autotune.synthetic_parameters(meta(*[1 << 20] * 64))  # 64M elements in 64 tensors
+    bound = _timing.sample_bound(torch.device("cpu"))
+    assert bound == 4 << 20 and _timing.sample_bound(torch.device("cuda")) == 64 << 20
+    sample = _timing.synthetic_parameters(meta(*[1 << 20] * 64))  # 64M elements in 64 tensors
     assert [tuple(t.shape) for t in sample] == [(1 << 20,)] * 4  # 1/16 of both
     mixed = meta(*[1 << 12] * 600, *[1 << 22] * 8)  # many small tensors and a few large ones
-    sample = _autotune.synthetic_parameters(mixed)
+    sample = _timing.synthetic_parameters(mixed)
     total = sum(t.numel() for t in sample)
     assert total <= bound and len(sample) < len(mixed)
     # stratified by size: both kinds are represented, in about their proportion by count
     small = sum(t.numel() == 1 << 12 for t in sample)
     assert small >= 1 and small / len(sample) > 0.5
-    [huge] = _autotune.synthetic_parameters(meta(1 << 28))  # one tensor over the bound alone
+    [huge] = _timing.synthetic_parameters(meta(1 << 28))  # one tensor over the bound alone
     assert huge.numel() == bound
-    [matrix] = _autotune.synthetic_parameters([torch.empty(65536, 1024, device="meta")])
+    [matrix] = _timing.synthetic_parameters([torch.empty(65536, 1024, device="meta")])
     assert matrix.shape == (4096, 1024)  # fewer rows, same columns
 
 
@@ -217,7 +218,7 @@ def test_sample_beyond_the_bound_scales_count_and_elements_together() -> None:
 def test_a_candidate_whose_warm_up_exceeds_the_budget_is_dropped_not_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "0.5")  # 0.5 s per candidate, 1 s in all
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "0.5")  # 0.5 s per candidate, 1 s in all
     registry = toy_registry(
         optiplug.ImplementationSpec(
             "toy", "slow", sgd_building("slow", sleep_first=3.0), priority=9
@@ -232,23 +233,26 @@ def test_a_candidate_whose_warm_up_exceeds_the_budget_is_dropped_not_waited_for(
     took = time.perf_counter() - start
     assert took < 2.5, took  # the 1 s overall budget plus creating the sample; not the 3 s sleep
     assert optimizer.chosen in {"quick", "other"}  # type: ignore[attr-defined]
-    [(key, measured)] = _autotune.measurements().items()
+    [(key, measured)] = chooser_of(registry).measurements().items()
     assert measured.timings["slow"] == float("inf") and measured.late == ("slow",)
     assert "exceeded the 0.5 s budget" in measured.dropped["slow"]
-    assert key not in _autotune.decisions()  # not cached: measured again next time
+    assert key not in chooser_of(registry).decisions()  # not cached: measured again next time
     assert registry.implementation_failures("toy") == {}  # late is not failed
     # While the one-time cost is still being paid it is not started again...
     registry.create("toy", params())
-    assert "still running in the background" in _autotune.measurements()[key].dropped["slow"]
+    assert (
+        "still running in the background"
+        in chooser_of(registry).measurements()[key].dropped["slow"]
+    )
     # ...and once it has been paid, the candidate competes and the choice is cached.
     deadline = time.monotonic() + 10
     while any(t.name.endswith("-toy-slow") for t in threading.enumerate()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     registry.create("toy", params())
-    measured = _autotune.measurements()[key]
+    measured = chooser_of(registry).measurements()[key]
     assert measured.dropped == {} and all(t < float("inf") for t in measured.timings.values())
-    assert key in _autotune.decisions()
+    assert key in chooser_of(registry).decisions()
 
 
 def test_warm_up_runs_with_the_callers_intra_op_threads(one_thread: None) -> None:
@@ -267,42 +271,44 @@ def test_warm_up_runs_with_the_callers_intra_op_threads(one_thread: None) -> Non
 
 
 def test_a_bad_budget_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "soon")
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "soon")
     with pytest.raises(HyperparameterError, match="OPTIPLUG_AUTOTUNE_BUDGET") as caught:
-        _autotune.budgets(torch.device("cpu"))
+        _timing.budgets(torch.device("cpu"))
     assert caught.value.value == "soon"
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "2")
-    assert _autotune.budgets(torch.device("cpu")) == (2.0, 4.0)
-    monkeypatch.delenv(_autotune.BUDGET_VARIABLE)
-    assert _autotune.budgets(torch.device("cpu")) == (4.0, 8.0)
-    assert _autotune.budgets(torch.device("cuda")) == (10.0, 20.0)
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "2")
+    assert _timing.budgets(torch.device("cpu")) == (2.0, 4.0)
+    monkeypatch.delenv(_timing.BUDGET_VARIABLE)
+    assert _timing.budgets(torch.device("cpu")) == (4.0, 8.0)
+    assert _timing.budgets(torch.device("cuda")) == (10.0, 20.0)
 
 
 @pytest.mark.parametrize("raw", ["1e10", "1e308", "9.3e9"])
 def test_a_budget_beyond_any_wait_is_capped_at_one_day_and_creating_works(
     raw: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, raw)
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, raw)
     registry = toy_registry(
         optiplug.ImplementationSpec("toy", "a", sgd_building("a")),
         optiplug.ImplementationSpec("toy", "b", sgd_building("b")),
     )
     assert registry.create("toy", params()).chosen in {"a", "b"}  # type: ignore[attr-defined]
-    [measured] = _autotune.measurements().values()
+    [measured] = chooser_of(registry).measurements().values()
     assert measured.dropped == {}
-    assert _autotune.budgets(torch.device("cpu")) == (86400.0, 172800.0)
+    assert _timing.budgets(torch.device("cpu")) == (86400.0, 172800.0)
 
 
 CREATE_TIMED = """
 import json, time, torch, optiplug
-from optiplug._core import autotune
+from optiplug._choice import cache as _cache
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import Tuning, chooser_of
 params = [torch.nn.Parameter(torch.zeros(1 << 20)) for _ in range(64)]
 for p in params:
     p.grad = torch.ones(1 << 20)
 start = time.perf_counter()
 optimizer = optiplug.create("lion", params)
 took = time.perf_counter() - start
-[measured] = autotune.measurements().values()
+[measured] = chooser_of().measurements().values()
 print(json.dumps({"took": took, "impl": optimizer.impl, "dropped": measured.dropped,
                   "tensors": measured.tensors, "elements": measured.elements}))
 """
@@ -376,7 +382,7 @@ def test_impl_none_picks_within_a_tolerance_of_the_fastest_at_the_users_sizes(
     impls = [
         impl.name
         for impl in registry.implementations(algorithm)
-        if _autotune.availability_reason(impl) is None and impl.can_run(real)
+        if _timing.availability_reason(impl) is None and impl.can_run(real)
     ]
     assert {"loop", "foreach", "fused"} <= set(impls)
     # One-time costs are excluded from the comparison, as the choice excludes them:
@@ -391,10 +397,12 @@ def test_impl_none_picks_within_a_tolerance_of_the_fastest_at_the_users_sizes(
     forced = {name: registry.create(algorithm, copies[name], impl=name) for name in impls}
     for optimizer in forced.values():
         optimizer.step()
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "60")
-    _autotune.clear_cache()
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "60")
+    chooser_of(registry).clear()
     optimizer = registry.create(algorithm, real)
-    [measured] = _autotune.measurements().values()  # waits for the background measurement
+    [measured] = (
+        chooser_of(registry).measurements().values()
+    )  # waits for the background measurement
     optimizer.step()  # the step boundary where the optimizer takes the measured choice
     chosen = optimizer.impl  # type: ignore[attr-defined]
     assert chosen == measured.winner
@@ -413,22 +421,22 @@ def test_creating_64_x_1m_lion_parameters_measures_in_the_background(
 ) -> None:
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE_CACHE", "0")
     threads: list[threading.Thread] = []
-    real_measure = _autotune.measure
+    real_measure = chooser_of().measure
 
-    def recording(*args: Any, **kwargs: Any) -> _autotune.Measurement:
+    def recording(*args: Any, **kwargs: Any) -> _timing.Measurement:
         threads.append(threading.current_thread())
         return real_measure(*args, **kwargs)
 
-    monkeypatch.setattr(_autotune, "measure", recording)
+    monkeypatch.setattr(chooser_of(), "measure", recording)
     params = [torch.nn.Parameter(torch.zeros(1 << 20)) for _ in range(64)]
     optimizer = optiplug.create("lion", params)
-    [(key, record)] = _autotune.measurements(wait=False).items()
+    [(key, record)] = chooser_of().measurements(wait=False).items()
     assert record.source == "pending"
     assert optimizer.impl == record.winner == "foreach"  # the best one that does not compile
     assert threading.current_thread() not in threads
-    _autotune.wait_for_measurements()
+    chooser_of().wait_for_measurements()
     assert threads and threading.current_thread() not in threads
-    assert _autotune.measurements()[key].source == "measured"
+    assert chooser_of().measurements()[key].source == "measured"
 
 
 @pytest.mark.parametrize(
@@ -444,9 +452,9 @@ def test_after_the_measurement_the_next_step_runs_the_winner_as_if_from_the_star
         started.wait(60)  # still measuring while the optimizer is built
         names = [impl.name for impl in candidates]
         timings = {name: 1.0 if name == winner else 2.0 for name in names}
-        return _autotune.Measurement(winner, timings, tensors=len(args[0]))
+        return _timing.Measurement(winner, timings, tensors=len(args[0]))
 
-    monkeypatch.setattr(_autotune, "measure", measured)
+    monkeypatch.setattr(chooser_of(), "measure", measured)
 
     def model_and_grads() -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
         generator = torch.Generator().manual_seed(0)
@@ -457,9 +465,9 @@ def test_after_the_measurement_the_next_step_runs_the_winner_as_if_from_the_star
     params, grads = model_and_grads()
     optimizer = optiplug.create(algorithm, params, lr=1e-2, weight_decay=0.1)
     assert optimizer.impl == ready  # type: ignore[attr-defined]
-    assert _autotune.measurements(wait=False)  # pending, not measured on this thread
+    assert chooser_of().measurements(wait=False)  # pending, not measured on this thread
     started.set()
-    _autotune.wait_for_measurements()
+    chooser_of().wait_for_measurements()
     reference_params, _ = model_and_grads()
     reference = optiplug.create(algorithm, reference_params, lr=1e-2, weight_decay=0.1, impl=winner)
     for step_grads in grads:
@@ -480,4 +488,31 @@ def test_autotune_off_keeps_the_priority_and_measures_nothing(
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE", "0")
     optimizer = optiplug.create("lion", [torch.nn.Parameter(torch.zeros(8))])
     assert optimizer.impl == "fused"  # type: ignore[attr-defined]
-    assert _autotune.measurements(wait=False) == {}
+    assert chooser_of().measurements(wait=False) == {}
+
+
+# ------------------------------------------------------------------ owned by the registry
+def test_each_registry_owns_its_choices_and_the_modules_keep_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPTIPLUG_AUTOTUNE_CACHE", "0")
+    first, second = optiplug.Registry(), optiplug.Registry()
+    assert first.chooser is first.chooser and first.chooser is not second.chooser
+    tensors = [torch.nn.Parameter(torch.ones(64)) for _ in range(2)]
+    first.create("sgd", tensors, lr=0.1, momentum=0.9)
+    chooser_of(first).wait_for_measurements()
+    assert [key[0] for key in chooser_of(first).measurements()] == ["sgd"]
+    assert chooser_of(second).measurements() == {}  # nothing leaks between registries
+    # The choice layer's modules hold constants only: no mutable record lives at module level.
+    import optiplug._choice.chooser as chooser_module
+    import optiplug._choice.timing as timing_module
+
+    for module in (chooser_module, timing_module):
+        mutable = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, (dict, list, set, threading.Event, type(threading.Lock())))
+            and not name.startswith("__")
+            and name not in {"_SAMPLE_BOUND", "_CANDIDATE_BUDGET"}  # constant tables
+        ]
+        assert mutable == [], (module.__name__, mutable)

@@ -15,7 +15,10 @@ from conftest import run_python
 
 import optiplug
 from optiplug import cli
-from optiplug._core import autotune as _autotune
+from optiplug._choice import cache as _cache
+from optiplug._choice import chooser as _chooser_module
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import chooser_of
 from optiplug._core import ranks as _ranks
 from optiplug.errors import EnvironmentVariableError
 
@@ -24,12 +27,14 @@ from optiplug.errors import EnvironmentVariableError
 # done and a step has taken it. It inherits OPTIPLUG_CACHE_DIR from the test.
 CHILD = """
 import json, torch, optiplug
-from optiplug._core import autotune
+from optiplug._choice import cache as _cache
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import Tuning, chooser_of
 params = [torch.nn.Parameter(torch.ones({size}, dtype=torch.{dtype})) for _ in range({count})]
 optimizer = optiplug.create("sgd", params, momentum=0.9)
-autotune.wait_for_measurements()
+chooser_of().wait_for_measurements()
 optimizer.step()
-[record] = autotune.measurements().values()
+[record] = chooser_of().measurements().values()
 print(json.dumps({{"impl": optimizer.impl, "source": record.source, "tensors": record.tensors}}))
 """
 
@@ -42,12 +47,12 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     provisional (and unstored) where a test expects it stored.
     """
     monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(_autotune.BUDGET_VARIABLE, "60")
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "60")
     for name in ("OPTIPLUG_AUTOTUNE", "OPTIPLUG_AUTOTUNE_CACHE"):
         monkeypatch.delenv(name, raising=False)
-    _autotune.clear_cache()
+    chooser_of().clear()
     yield tmp_path / "autotune.json"
-    _autotune.clear_cache()
+    chooser_of().clear()
 
 
 def child() -> dict[str, Any]:
@@ -68,11 +73,11 @@ def choose(size: int = 64, count: int = 2, dtype: torch.dtype = torch.float32) -
     A first choice is measured in the background: waited for here, and taken
     by the optimizer at its next step.
     """
-    _autotune.clear_cache()
+    chooser_of().clear()
     optimizer = optiplug.create("sgd", params(size, count, dtype), momentum=0.9)
-    _autotune.wait_for_measurements()
+    chooser_of().wait_for_measurements()
     optimizer.step()
-    [record] = _autotune.measurements().values()
+    [record] = chooser_of().measurements().values()
     assert record.winner == optimizer.impl  # type: ignore[attr-defined]
     return record
 
@@ -173,10 +178,10 @@ def test_clear_autotune_cache_removes_the_file_and_keeps_this_processes_choices(
     _cache_in_tmp: Path,
 ) -> None:
     choose()
-    assert _autotune.autotune_cache_path() == _cache_in_tmp
-    assert _autotune.clear_autotune_cache() is True
-    assert not _cache_in_tmp.exists() and len(_autotune.decisions()) == 1
-    assert _autotune.clear_autotune_cache() is False
+    assert _cache.path() == _cache_in_tmp
+    assert _cache.clear() is True
+    assert not _cache_in_tmp.exists() and len(chooser_of().decisions()) == 1
+    assert _cache.clear() is False
 
 
 def test_the_default_location_follows_xdg_and_then_home(
@@ -184,10 +189,10 @@ def test_the_default_location_follows_xdg_and_then_home(
 ) -> None:
     monkeypatch.delenv("OPTIPLUG_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _autotune.autotune_cache_path() == tmp_path / "xdg" / "optiplug" / "autotune.json"
+    assert _cache.path() == tmp_path / "xdg" / "optiplug" / "autotune.json"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert _autotune.autotune_cache_path() == tmp_path / "home/.cache/optiplug/autotune.json"
+    assert _cache.path() == tmp_path / "home/.cache/optiplug/autotune.json"
 
 
 def test_cache_off_neither_reads_nor_writes(
@@ -221,12 +226,12 @@ def test_ranks_agreeing_measure_and_leave_the_file_alone(
     choose()
     before = _cache_in_tmp.read_text()
     monkeypatch.setattr(_ranks, "world_size", lambda: 2)
-    monkeypatch.setattr(_autotune, "_slowest_rank", lambda timings, device: timings)
-    _autotune.clear_cache()
-    with _autotune.agreed_across_ranks(torch.device("cpu")):
+    monkeypatch.setattr(_chooser_module, "_slowest_rank", lambda timings, device: timings)
+    chooser_of().clear()
+    with chooser_of().agreed_across_ranks(torch.device("cpu")):
         optiplug.create("sgd", params(), momentum=0.9)
-    [record] = _autotune.measurements().values()
-    assert record.source == "measured" and len(_autotune.decisions(agreed=True)) == 1
+    [record] = chooser_of().measurements().values()
+    assert record.source == "measured" and len(chooser_of().decisions(agreed=True)) == 1
     assert _cache_in_tmp.read_text() == before
 
 
@@ -234,7 +239,9 @@ def test_ranks_agreeing_measure_and_leave_the_file_alone(
 # as a first compilation does: the choice made then is provisional.
 LATE = """
 import json, time, types, torch, optiplug
-from optiplug._core import autotune
+from optiplug._choice import cache as _cache
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import Tuning, chooser_of
 
 def building(name, pause):
     calls = []
@@ -258,7 +265,7 @@ first = torch.nn.Parameter(torch.ones(1))  # torch's one-time imports happen her
 first.grad = torch.ones(1)
 torch.optim.SGD([first], lr=0.1, foreach=False).step()
 registry.create("toy", [torch.nn.Parameter(torch.ones(64)) for _ in range(2)])
-[record] = autotune.measurements().values()
+[record] = registry.chooser.measurements().values()
 print(json.dumps({"late": list(record.late), "source": record.source}))
 """
 
@@ -277,14 +284,16 @@ def test_a_provisional_choice_is_not_written_and_nothing_is_measured_at_exit(
 # lion's fused kernel compiles on its first step, which outlasts a 0.3 s budget
 LATE_LION = """
 import json, torch, optiplug
-from optiplug._core import autotune
+from optiplug._choice import cache as _cache
+from optiplug._choice import timing as _timing
+from optiplug._choice.chooser import Tuning, chooser_of
 params = [torch.nn.Parameter(torch.zeros(4096)) for _ in range(4)]
 for p in params:
     p.grad = torch.ones_like(p)
 optimizer = optiplug.create("lion", params)
-autotune.wait_for_measurements()
+chooser_of().wait_for_measurements()
 optimizer.step()
-[record] = autotune.measurements().values()
+[record] = chooser_of().measurements().values()
 print(json.dumps({"late": list(record.late), "impl": optimizer.impl, "winner": record.winner}))
 """
 

@@ -15,7 +15,7 @@ import torch
 
 import optiplug
 from optiplug import cli
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug.cli.bench import available_memory, bytes_per_parameter, memory_needed
 
 SMALL = ["--params", "64K", "--tensors", "4", "--steps", "3"]
@@ -24,9 +24,9 @@ SMALL = ["--params", "64K", "--tensors", "4", "--steps", "3"]
 @pytest.fixture(autouse=True)
 def _fresh_autotune(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("OPTIPLUG_AUTOTUNE", raising=False)
-    _autotune.clear_cache()
+    chooser_of().clear()
     yield
-    _autotune.clear_cache()
+    chooser_of().clear()
 
 
 def table_rows(out: str) -> dict[str, list[str]]:

@@ -33,7 +33,7 @@ def test_list_table_shows_first_party_plugins(capsys: pytest.CaptureFixture[str]
     start = lines[0].index("name")
     for line in lines[2:]:
         if line.strip() and not line.startswith(
-            ("failed", "unavailable", "incompatible", "disabled")
+            ("failed", "unavailable", "incompatible", "disabled", "limited", "clash")
         ):
             assert line[start - 1] == " " and line[start] != " ", line  # columns are aligned
 
@@ -75,7 +75,12 @@ def test_show_suggests_schedules_too(capsys: pytest.CaptureFixture[str]) -> None
         "optiplug: error: unknown optimizer 'cosin' (not a schedule either). "
         "Did you mean the schedule 'cosine'?"
     )
-    assert "Optimizers: adam, adamw" in err and "Schedules: " in err and "cosine" in err
+    assert (
+        "Optimizers: a2grad, " in err
+        and " adamw, " in err
+        and "Schedules: " in err
+        and "cosine" in err
+    )
     assert len(err.strip().splitlines()) == 1
     assert cli.main(["show", "cosine"]) == 0  # and the suggestion is a name show takes
 

@@ -21,7 +21,7 @@ import torch
 import optiplug
 import optiplug.base
 from optiplug import validators
-from optiplug._core import autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug.errors import HyperparameterError
 
 
@@ -35,7 +35,8 @@ def _first_party_algorithms() -> list[str]:
     for name in optiplug.optimizers():
         spec = optiplug.spec(name)
         provider = spec.provider.distribution if spec.provider is not None else ""
-        if provider.startswith("optiplug") and "composite" not in spec.capabilities:
+        native = spec.origin is None  # the bridges' classes are other libraries'
+        if provider.startswith("optiplug") and native and "composite" not in spec.capabilities:
             names.append(name)
     return names
 
@@ -53,7 +54,7 @@ def _counting(counts: Counter[str], key: str, function: Callable[..., Any]) -> C
 
 @pytest.fixture
 def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Count ``validate_hyperparameters`` and ``autotune.select`` wherever optiplug bound them."""
+    """Count ``validate_hyperparameters`` wherever optiplug bound it, and the registry's chooser's ``select``."""
     registry = optiplug.default_registry()
     for name in ALGORITHMS:  # import every class first, so each binding is counted
         records = [registry.spec(name), *registry.implementations(name)]
@@ -66,8 +67,9 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
             "validations",
             validators.validate_hyperparameters,
         ),
-        "select": ("selections", autotune.select),
     }
+    chooser = chooser_of(registry)
+    monkeypatch.setattr(chooser, "select", _counting(found, "selections", chooser.select))
     for module_name, module in list(sys.modules.items()):
         if module is None or not module_name.startswith("optiplug"):
             continue
@@ -76,9 +78,9 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
                 monkeypatch.setattr(module, attribute, _counting(found, key, original))
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE", "1")
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE_CACHE", "0")
-    autotune.clear_cache()  # first use: the choice is measured inside create
+    chooser_of(registry).clear()  # first use: the choice is measured inside create
     yield found
-    autotune.clear_cache()
+    chooser_of(registry).clear()
 
 
 def _params() -> list[tuple[str, torch.nn.Parameter]]:

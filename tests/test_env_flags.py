@@ -11,7 +11,7 @@ import torch
 
 import optiplug
 from optiplug import cli
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug._core.env import env_flag
 from optiplug.errors import EnvironmentVariableError
 
@@ -25,9 +25,9 @@ FALSE_SPELLINGS = ["0", " 0 ", "false", "FALSE", "no", "No", "off", " Off "]
 def _fresh_autotune(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts with measuring on and nothing measured."""
     monkeypatch.delenv("OPTIPLUG_AUTOTUNE", raising=False)
-    _autotune.clear_cache()
+    chooser_of().clear()
     yield
-    _autotune.clear_cache()
+    chooser_of().clear()
 
 
 @pytest.mark.parametrize("raw", TRUE_SPELLINGS)
@@ -109,15 +109,17 @@ def test_autotune_off_in_any_spelling_chooses_by_priority_without_measuring(
     raw: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE", raw)
-    optimizer = two_implementations().create("toy", params())
+    registry = two_implementations()
+    optimizer = registry.create("toy", params())
     assert optimizer.chosen == "first"  # type: ignore[attr-defined]
-    assert _autotune.measurements() == {}
+    assert chooser_of(registry).measurements() == {}
 
 
 def test_autotune_on_in_another_spelling_measures(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE", " Yes ")
-    two_implementations().create("toy", params())
-    assert len(_autotune.measurements()) == 1
+    registry = two_implementations()
+    registry.create("toy", params())
+    assert len(chooser_of(registry).measurements()) == 1
 
 
 def test_an_unreadable_autotune_value_is_refused_when_creating(

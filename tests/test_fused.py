@@ -655,17 +655,17 @@ def _signature(source: Callable[..., None]) -> dict[str, str]:
 
 @needs_triton
 @pytest.mark.parametrize(
-    "name, constants, vector_loads",
+    "name, constants, element_sizes",
     [
-        ("adam", {"P_DTYPE": "fp32", "AMSGRAD": True, "DECOUPLED": True, "HAS_INF": True}, 5 * 4),
-        ("adam", {"P_DTYPE": "bf16", "ROUND_BF16": True, "STOCHASTIC": True}, 2 + 2 + 4 + 4),
-        ("sgd", {"P_DTYPE": "fp32", "HAS_MOMENTUM": True, "HAS_SCALE": True}, 3 * 4),
-        ("lion", {"P_DTYPE": "fp16", "MAXIMIZE": True, "LR_TENSOR": True}, 2 + 2 + 4),
-        ("lion", {"P_DTYPE": "bf16", "ROUND_BF16": True, "LR_TENSOR": True}, 2 + 2 + 4),
+        ("adam", {"P_DTYPE": "fp32", "AMSGRAD": True, "DECOUPLED": True, "HAS_INF": True}, [4] * 5),
+        ("adam", {"P_DTYPE": "bf16", "ROUND_BF16": True, "STOCHASTIC": True}, [2, 2, 4, 4]),
+        ("sgd", {"P_DTYPE": "fp32", "HAS_MOMENTUM": True, "HAS_SCALE": True}, [4] * 3),
+        ("lion", {"P_DTYPE": "fp16", "MAXIMIZE": True, "LR_TENSOR": True}, [2, 2, 4]),
+        ("lion", {"P_DTYPE": "bf16", "ROUND_BF16": True, "LR_TENSOR": True}, [2, 2, 4]),
     ],
 )
 def test_kernels_compile_for_hopper_with_vector_access(
-    name: str, constants: dict[str, Any], vector_loads: int
+    name: str, constants: dict[str, Any], element_sizes: list[int]
 ) -> None:
     """The CUDA kernels compile to sm_90 PTX here, GPU or not, with 16-byte vector loads.
 
@@ -674,9 +674,9 @@ def test_kernels_compile_for_hopper_with_vector_access(
     (``tl.zeros_like``...): those are interpreted or compiled depending on
     ``TRITON_INTERPRET`` when triton was imported, so the kernels use builtins only.
 
-    One thread holds 4096 / 256 = 16 elements of each tensor: 4 x 16-byte
-    loads of an fp32 tensor, 2 of a bf16/fp16 one, when the bucket is
-    aligned (``ALIGNED``); ``vector_loads`` counts them for the tensors read.
+    With the default launch configuration one thread holds
+    ``BLOCK / (32 * NUM_WARPS)`` elements of each tensor read (``element_sizes``:
+    bytes per element), loaded as 16-byte vectors when the bucket is aligned.
     """
     import re
 
@@ -707,6 +707,8 @@ def test_kernels_compile_for_hopper_with_vector_access(
         options={"num_warps": kernels.NUM_WARPS, "enable_fp_fusion": True},
     )
     ptx = compiled.asm["ptx"]
+    per_thread = kernels.BLOCK // (32 * kernels.NUM_WARPS)
+    vector_loads = sum(per_thread * size // 16 for size in element_sizes)
     assert len(re.findall(r"ld\.global\.v4\.b32", ptx)) == vector_loads
     # IEEE divisions and square roots, as torch's kernels (triton's "/" would be div.full)
     assert not re.search(r"(div|sqrt)\.(approx|full)", ptx)

@@ -127,11 +127,61 @@ def test_training_arguments_translate(tmp_path: Path) -> None:
     assert lion.factory.name == "lion" and "eps" not in lion.factory.hparams
 
 
-def test_unsupported_optim_names_say_so(tmp_path: Path) -> None:
-    with pytest.raises(UnknownOptimizerError, match=r"adafactor.*no Adafactor"):
-        from_training_args(arguments(tmp_path, optim="adafactor"))
-    with pytest.raises(UnknownOptimizerError, match="'adagrad' is not supported"):
+def test_every_transformers_optim_name_is_mapped_served_or_explained(tmp_path: Path) -> None:
+    from transformers.training_args import OptimizerNames
+
+    from optiplug.integrations.transformers import HF_OPTIMIZERS
+
+    names = {str(name.value) for name in OptimizerNames}
+    assert names == set(HF_OPTIMIZERS)  # every name transformers knows, no more
+    registry = optiplug.default_registry()
+    for optim, entry in HF_OPTIMIZERS.items():
+        if not entry.routes:
+            assert entry.reason, optim
+            continue
+        installed = [route.name for route in entry.routes if registry.has(route.name)]
+        assert installed, f"{optim}: none of {[r.name for r in entry.routes]} is installed"
+    served = [optim for optim, entry in HF_OPTIMIZERS.items() if entry.routes]
+    assert len(served) >= 29, len(served)  # of transformers' 41 names
+
+
+@pytest.mark.parametrize(
+    ("optim", "algorithm"),
+    [
+        ("adamw_torch_8bit", "torchao:adamw8bit"),
+        ("adamw_torch_4bit", "torchao:adamw4bit"),
+        ("schedule_free_adamw", "schedulefree:adamw_schedulefree"),
+        ("adafactor", "pytorch_optimizer:adafactor"),
+        ("ademamix", "pytorch_optimizer:ademamix"),
+    ],
+)
+def test_bridged_optim_names_build_the_bridged_optimizer(
+    optim: str, algorithm: str, tmp_path: Path
+) -> None:
+    cls, kwargs = from_training_args(arguments(tmp_path, optim=optim))
+    registry = optiplug.default_registry()
+    spec = registry.spec(algorithm)
+    assert registry.spec(cls.factory.name) == spec  # by the name that reaches it
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert optimizer.param_groups[0]["lr"] == 1e-3
+    assert type(optimizer).__name__ == spec.origin.target.rpartition(":")[2]  # type: ignore[union-attr]
+
+
+def test_unserved_or_uninstalled_optim_names_say_what_would_serve_them(tmp_path: Path) -> None:
+    with pytest.raises(
+        UnknownOptimizerError, match=r"'adagrad' is not supported.*no optiplug plugin"
+    ):
         from_training_args(arguments(tmp_path, optim="adagrad"))
+    with pytest.raises(UnknownOptimizerError, match="XLA"):
+        from_training_args(arguments(tmp_path, optim="adamw_torch_xla"))
+    # a registry without the bridges: the error names the distribution to install
+    bare = optiplug.Registry(strict=False, disabled={"torchao", "pytorch_optimizer"})
+    with pytest.raises(UnknownOptimizerError, match="install optiplug-torchao"):
+        from_training_args(arguments(tmp_path, optim="adamw_torch_4bit"), registry=bare)
+    # ...and one with a first-party fallback takes it, saying how it differs
+    with pytest.warns(UserWarning, match="32 bits"):
+        cls, _ = from_training_args(arguments(tmp_path, optim="adamw_8bit"), registry=bare)
+    assert cls.factory.name == "adamw"
 
 
 def test_a_selection_is_accepted_as_is() -> None:

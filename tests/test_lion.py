@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug.errors import HyperparameterError
 from optiplug_lion import LION_STATE, Lion
 from optiplug_lion.functional import MIN_KERNEL_NUMEL
@@ -145,7 +145,7 @@ def test_impl_none_measures_and_picks_a_supported_implementation() -> None:
     assert optimizer.impl in IMPLS
     # measurements(), not decisions(): a choice made while the fused kernel was still
     # compiling past its budget is recorded there but not cached
-    timings = [m.timings for key, m in _autotune.measurements().items() if key[0] == "lion"]
+    timings = [m.timings for key, m in chooser_of().measurements().items() if key[0] == "lion"]
     assert timings and set(timings[0]) == set(IMPLS)
 
 

@@ -207,3 +207,34 @@ def test_show_params_prints_the_estimate(capsys: pytest.CaptureFixture[str]) -> 
 def test_show_without_params_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["show", "adamw"]) == 0
     assert "state memory" not in capsys.readouterr().out
+
+
+def test_a_tensor_subclass_counts_its_inner_storages_each_once() -> None:
+    from torch.testing._internal.two_tensor import TwoTensor as Untyped  # a traceable subclass
+
+    def TwoTensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        made: torch.Tensor = Untyped(a, b)  # type: ignore[no-untyped-call]
+        return made
+
+    param = torch.nn.Parameter(torch.zeros(10))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    first, second = torch.zeros(10, dtype=torch.float64), torch.ones(10)
+    optimizer.state[param]["pair"] = TwoTensor(first, second.double())
+    optimizer.state[param]["again"] = TwoTensor(first, first)  # storages already counted
+    nested = TwoTensor(TwoTensor(second, second), TwoTensor(second, second))
+    optimizer.state[param]["nested"] = nested  # one float32 storage, four references
+    report = optiplug.memory(optimizer)
+    # 10 float64 (first) + 10 float64 (second.double()) + 10 float32 (second)
+    assert report.by_slot == {"pair": 160, "again": 0, "nested": 40}
+    assert report.total == 200
+
+
+def test_state_kept_under_a_key_that_is_no_parameter_is_counted() -> None:
+    # MADGRAD keeps a step counter tensor at optimizer.state["k"], not under a parameter
+    param = torch.nn.Parameter(torch.zeros(4, 4))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    optimizer.state["k"] = torch.zeros(2, dtype=torch.float32)  # type: ignore[index]
+    optimizer.state[param] = {"momentum_buffer": torch.zeros(4, 4)}
+    report = optiplug.memory(optimizer)
+    assert report.total == 4 * 16 + 4 * 2
+    assert report.by_slot["k"] == 8

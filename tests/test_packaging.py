@@ -24,7 +24,21 @@ else:  # Python 3.10: the same parser, where installed
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-SOURCES = {"optiplug": ROOT / "core", **{f"optiplug-{n}": ROOT / "plugins" / n for n in PLUGINS}}
+"""Every plugin directory: the first-party algorithm plugins and the bridges."""
+BRIDGES = ["heavyball", "pytorch_optimizer", "schedulefree", "torchao"]
+"""The bridges: other libraries' optimizers (each pulls in its library, so not in ``all``)."""
+
+
+def _dist(directory: str) -> str:
+    """``optiplug-pytorch-optimizer`` for ``plugins/pytorch_optimizer``: its project name."""
+    with (ROOT / "plugins" / directory / "pyproject.toml").open("rb") as file:
+        name: str = tomllib.load(file)["project"]["name"]
+    return name
+
+
+DISTS = {directory: _dist(directory) for directory in PLUGINS}
+EXTRAS = {directory: DISTS[directory].removeprefix("optiplug-") for directory in PLUGINS}
+SOURCES = {"optiplug": ROOT / "core", **{DISTS[n]: ROOT / "plugins" / n for n in PLUGINS}}
 REQUIRED_CLASSIFIERS = {
     "Development Status :: 3 - Alpha",
     "Intended Audience :: Developers",
@@ -55,13 +69,15 @@ def by_name(requirements: list[str]) -> dict[str, Requirement]:
 
 
 def test_plugins_found() -> None:
-    assert PLUGINS == ["adam", "adamw", "fused", "lion", "multi", "muon", "sgd"]
+    first_party = ["adam", "adamw", "fused", "lion", "multi", "muon", "sgd"]
+    assert sorted(first_party + BRIDGES) == PLUGINS
+    assert DISTS["pytorch_optimizer"] == "optiplug-pytorch-optimizer"
 
 
 @pytest.mark.parametrize("plugin", PLUGINS)
 def test_core_has_one_extra_per_plugin_in_the_plugins_range(plugin: str) -> None:
     extras = project(ROOT / "core")["project"]["optional-dependencies"]
-    assert by_name(extras[plugin]) == by_name([f"optiplug-{plugin}{core_range()}"])
+    assert by_name(extras[EXTRAS[plugin]]) == by_name([f"{DISTS[plugin]}{core_range()}"])
     # ... the same range the plugin declares for the core
     dependencies = by_name(project(ROOT / "plugins" / plugin)["project"]["dependencies"])
     assert str(dependencies["optiplug"].specifier) == str(Requirement(f"x{core_range()}").specifier)
@@ -69,7 +85,8 @@ def test_core_has_one_extra_per_plugin_in_the_plugins_range(plugin: str) -> None
 
 def test_all_is_every_plugin_and_plot() -> None:
     extras = project(ROOT / "core")["project"]["optional-dependencies"]
-    expected = [req for name in [*PLUGINS, "plot"] for req in extras[name]]
+    first_party = [EXTRAS[name] for name in PLUGINS if name not in BRIDGES]
+    expected = [req for name in [*first_party, "plot"] for req in extras[name]]
     assert sorted(extras["all"]) == sorted(expected)
     assert by_name(extras["plot"]).keys() == {"matplotlib"}
     assert by_name(extras["checkpoint"]).keys() == {"safetensors"}
@@ -82,11 +99,14 @@ def test_installed_core_metadata_has_the_extras() -> None:
     assert set(metadata.get_all("Provides-Extra") or []) == set(declared)
     requires = importlib.metadata.requires("optiplug") or []
     for plugin in PLUGINS:
-        wanted = [r for r in map(Requirement, requires) if r.name == f"optiplug-{plugin}"]
-        assert {str(r.marker) for r in wanted} == {
-            f'extra == "{plugin}"',
-            'extra == "all"',
-        }, plugin
+        wanted = [r for r in map(Requirement, requires) if r.name == DISTS[plugin]]
+        markers = {f'extra == "{EXTRAS[plugin]}"'} | ({'extra == "all"'} - _bridge(plugin))
+        assert {str(r.marker) for r in wanted} == markers, plugin
+
+
+def _bridge(plugin: str) -> set[str]:
+    """``{'extra == "all"'}`` for a bridge (which ``all`` leaves out), else nothing."""
+    return {'extra == "all"'} if plugin in BRIDGES else set()
 
 
 @pytest.mark.parametrize("dist", SOURCES)
@@ -119,8 +139,9 @@ def test_license_and_readme_files_are_in_the_distribution_directory(dist: str) -
 @pytest.mark.parametrize("plugin", PLUGINS)
 def test_plugin_readme_says_how_to_install_and_where_the_docs_are(plugin: str) -> None:
     readme = (ROOT / "plugins" / plugin / "README.md").read_text(encoding="utf-8")
-    assert f"pip install optiplug-{plugin}" in readme
-    assert "optiplug[" in readme and plugin in readme.split("optiplug[", 1)[1].split("]", 1)[0]
+    assert f"pip install {DISTS[plugin]}" in readme
+    extras = readme.split("optiplug[", 1)[1].split("]", 1)[0] if "optiplug[" in readme else ""
+    assert EXTRAS[plugin] in extras
     assert "## Documentation" in readme
     for path in re.findall(r"`(docs/[\w/.-]+\.md)`", readme):
         assert (ROOT / path).is_file(), path

@@ -24,6 +24,7 @@ EXPECTED_ALL = {
     "MemoryReport",
     "OptimizerFactory",
     "OptimizerSpec",
+    "Origin",
     "ParameterRoute",
     "PluginInfo",
     "PluginWarning",

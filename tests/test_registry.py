@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug.errors import (
     HyperparameterError,
     OptimizerUnavailableError,
@@ -271,12 +271,12 @@ def test_unknown_or_unsupported_implementation() -> None:
 def test_default_implementation_is_measured_and_leaves_rng_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _autotune.clear_cache()
+    chooser_of().clear()
     torch.manual_seed(123)
     state = torch.get_rng_state()
     optimizer = optiplug.create("sgd", params(), momentum=0.9)
     assert torch.equal(torch.get_rng_state(), state)
-    (winner, timings), *_ = _autotune.decisions().values()
+    (winner, timings), *_ = chooser_of().decisions().values()
     assert set(timings) == {"loop", "foreach", "fused"} and optimizer.impl == winner
     assert timings[winner] == min(timings.values())
     monkeypatch.setenv("OPTIPLUG_AUTOTUNE", "0")
@@ -327,6 +327,8 @@ def test_disable_plugins_environment_variable() -> None:
         "except optiplug.errors.OptimizerUnavailableError as e:\n"
         "    print('unavailable', 'OPTIPLUG_DISABLE_PLUGINS' in str(e))\n"
     )
-    out = run_python(code, OPTIPLUG_DISABLE_PLUGINS="sgd, adam").stdout.split("\n")
+    out = run_python(
+        code, OPTIPLUG_DISABLE_PLUGINS="sgd, adam, pytorch_optimizer, heavyball"
+    ).stdout.split("\n")
     assert out[0] == "disabled disabled True False"
     assert out[1] == "unavailable True"

@@ -304,7 +304,14 @@ BAD_CASES = [
         "slot 'weight_decay'",
     ),
     Case("unknown-group-key", _set_group("nesterov", True), "unexpected-key", "slot 'nesterov'"),
-    Case("missing-group-key", _del_group("betas"), "missing-key", "slot 'betas'"),
+    # (a key left at its default may be absent: a checkpoint older than the key; see below)
+    Case(
+        "missing-group-key",
+        _del_group("lr"),
+        "missing-key",
+        "slot 'lr'",
+        target=("adam", {"amsgrad": True, "lr": 0.05}),
+    ),
     Case(
         "amsgrad-on-at-save-off-at-load",
         lambda sd: sd,
@@ -734,3 +741,112 @@ def test_random_mutations_raise_state_dict_error_or_load(name: str, data, random
         assert_unchanged(optimizer, before)
     finally:
         optimizer.load_state_dict(copy.deepcopy(valid))
+
+
+# ------------------------------------------------ richer state: numbers, lists, opaque tensors
+class _Opaque(torch.Tensor):
+    """A tensor subclass implementing no operator (and no ``__tensor_flatten__``)."""
+
+    @staticmethod
+    def __new__(cls, like: torch.Tensor) -> _Opaque:
+        return torch.Tensor._make_wrapper_subclass(cls, like.shape, dtype=like.dtype)
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        raise NotImplementedError(f"_Opaque implements no {func}")
+
+
+def _rich_registry() -> optiplug.Registry:
+    slots = (
+        optiplug.StateSlot("momentum_buffer", when="momentum"),
+        optiplug.StateSlot("count", kind="number", constraints=("finite", "integral")),
+        optiplug.StateSlot("factors", kind="tensors", dtype="float"),
+        optiplug.StateSlot("notes", kind="any"),
+    )
+
+    class Plugin:
+        @optiplug.hookimpl
+        def optiplug_optimizers(self) -> list[optiplug.OptimizerSpec]:
+            return [optiplug.OptimizerSpec(name="rich", factory=torch.optim.SGD, state_slots=slots)]
+
+    registry = optiplug.Registry(autoload=False)
+    registry.register(Plugin(), "rich")
+    return registry
+
+
+def _rich_state(**changes: Any) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    param = torch.nn.Parameter(torch.ones(2, 3))
+    optimizer = _rich_registry().create("rich", [param], lr=0.1, momentum=0.9)
+    entry = {
+        "momentum_buffer": torch.zeros(2, 3),
+        "count": 3,
+        "factors": [torch.eye(2), torch.eye(3)],
+        "notes": {"any": object},
+    }
+    groups = [
+        {k: v for k, v in g.items() if k != "params"} | {"params": [0]}
+        for g in optimizer.param_groups
+    ]
+    return optimizer, {"state": {0: {**entry, **changes}}, "param_groups": groups}
+
+
+def test_number_list_and_any_slots_validate_and_load_copied() -> None:
+    optimizer, state = _rich_state()
+    assert optiplug.load_state_dict(optimizer, state) == []
+    loaded = next(iter(optimizer.state.values()))
+    assert loaded["count"] == 3 and loaded["notes"] == {"any": object}
+    saved = state["state"][0]["factors"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded["factors"], saved, strict=True))
+    assert loaded["factors"][0].data_ptr() != state["state"][0]["factors"][0].data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("slot", "value", "kind"),
+    [
+        ("count", 2.5, "non-integral"),
+        ("count", torch.tensor(3), "type"),
+        ("factors", torch.eye(2), "type"),
+        ("factors", [torch.eye(2), torch.tensor([1, 2])], "dtype"),
+        ("factors", [torch.tensor([math.nan])], "non-finite"),
+        ("momentum_buffer", _Opaque(torch.zeros(2, 3)), "uninspectable"),
+    ],
+)
+def test_each_richer_slot_reports_a_typed_problem(slot: str, value: Any, kind: str) -> None:
+    optimizer, state = _rich_state(**{slot: value})
+    problems = optiplug.validate_state_dict(optimizer, state)
+    assert [(p.slot, p.kind) for p in problems] == [(slot, kind)]
+    with pytest.raises(StateDictError):
+        optiplug.load_state_dict(optimizer, state)
+
+
+def test_a_schema_less_optimizer_reports_an_opaque_tensor_instead_of_raising() -> None:
+    param = torch.nn.Parameter(torch.ones(2, 3))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    state = {
+        "state": {0: {"momentum_buffer": _Opaque(torch.zeros(2, 3))}},
+        "param_groups": [{**optimizer.state_dict()["param_groups"][0]}],
+    }
+    problems = optiplug.validate_state_dict(optimizer, state)
+    assert [p.kind for p in problems] == ["uninspectable"]
+
+
+def test_a_group_key_newer_than_the_checkpoint_loads_at_its_default_only() -> None:
+    # muon's weight_decay_mode came after checkpoints that lack it; they ran as its default
+    def made(**hparams: Any) -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.randn(8, 8))
+        param.grad = torch.randn(8, 8)
+        return optiplug.create("muon", [("layer.weight", param)], lr=0.02, **hparams)
+
+    saved = made()
+    saved.step()
+    old = saved.state_dict()
+    for group in old["param_groups"]:
+        del group["weight_decay_mode"]
+    at_default = made()
+    at_default.load_state_dict(old)
+    assert at_default.param_groups[0]["weight_decay_mode"] == "decoupled"
+    with pytest.raises(StateDictError, match="weight_decay_mode"):
+        made(weight_decay_mode="cautious").load_state_dict(old)  # the saved run differed

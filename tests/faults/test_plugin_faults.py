@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug._core import autotune as _autotune
+from optiplug._choice.chooser import chooser_of
 from optiplug.cli import main as cli_main
 from optiplug.cli.listing import show_optimizer
 from optiplug.errors import (
@@ -77,9 +77,9 @@ def params() -> list[torch.nn.Parameter]:
 @pytest.fixture(autouse=True)
 def _fresh_autotune() -> Iterator[None]:
     """Each test starts and ends with no measured choice and no recorded failure."""
-    _autotune.clear_cache()
+    chooser_of().clear()
     yield
-    _autotune.clear_cache()
+    chooser_of().clear()
 
 
 # ------------------------------------------------------------------ defect 9

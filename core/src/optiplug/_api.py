@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._auto import rules as _rules
-from ._core.binding import provide_default_registry
+from ._choice import new_chooser
+from ._core.binding import provide_chooser_factory, provide_default_registry
 from ._core.builtin import provide_builtin_plugins
 from ._core.create import OptimizerFactory
 from ._core.registry import Registry
@@ -278,4 +279,5 @@ def estimate_memory(
 
 
 provide_default_registry(default_registry)
+provide_chooser_factory(new_chooser)
 provide_builtin_plugins((("schedules", _schedules_plugin), ("rules", _rules)))

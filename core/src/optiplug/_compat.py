@@ -36,7 +36,7 @@ RENAMED_MODULES: dict[str, str] = {
     "optiplug._builtin": "optiplug._core.builtin",
     "optiplug._registry": "optiplug._core.registry",
     "optiplug._create": "optiplug._core.create",
-    "optiplug._autotune": "optiplug._core.autotune",
+    "optiplug._autotune": "optiplug._choice.timing",
     "optiplug._ranks": "optiplug._core.ranks",
     "optiplug._implementations": "optiplug._core.implementations",
     "optiplug._routing": "optiplug._core.routing",

@@ -33,7 +33,9 @@ them): name optimizer classes with :func:`optiplug.lazy` there.
 
 from __future__ import annotations
 
+import copy
 import functools
+import inspect
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,9 +45,11 @@ from typing import Any, ClassVar, Protocol, cast
 import attrs
 import torch
 
-from ._core import autotune as _autotune
+from ._choice import timing as _timing
+from ._choice.chooser import Tuning, chooser_of
 from ._core import decision as _decision
 from ._core import groups as _groups
+from ._core import lifecycle as _mode
 from ._core.decision import Prepared, accepts_prepared
 from ._core.implementations import (
     TORCH_IMPLEMENTATION_FLAGS,
@@ -64,7 +68,9 @@ from ._core.routing import Routing
 from ._core.specs import ImplementationSpec
 from ._lazy import lazy
 from ._state.load import load_state_dict
+from ._state.values import copied_tensor, is_subclass_tensor
 from .errors import HyperparameterError
+from .validators import reject_unknown
 
 __all__ = [
     "GROUP_META_KEYS",
@@ -81,6 +87,9 @@ __all__ = [
     "closure_loss",
     "count_layers",
     "excluded_implementations",
+    "ExternalOptimizer",
+    "external_implementations",
+    "external_optimizer",
     "foreach_supported",
     "fused_supported",
     "group_overrides",
@@ -88,6 +97,7 @@ __all__ = [
     "param_groups",
     "param_groups_report",
     "parameter_tensors",
+    "set_training",
     "torch_backed_optimizer",
     "validated_config",
     "warn_at_caller",
@@ -283,7 +293,7 @@ def excluded_implementations() -> dict[tuple[str, str], dict[str, str]]:
     Returns:
         A copy of the record.
     """
-    return _autotune.exclusions()
+    return chooser_of().exclusions()
 
 
 def choose_implementation(
@@ -295,9 +305,10 @@ def choose_implementation(
     """The implementation :func:`optiplug.create` would choose among ``candidates``.
 
     Only candidates that can run the parameters (``candidate.can_run``) take
-    part. Among them the fastest wins, timed once per process on synthetic
-    tensors shaped like ``params`` (never on them; the global RNG is left
-    alone) and cached per algorithm, device type and dtype. With
+    part. Among them the fastest wins, timed once by the default registry's
+    chooser (``optiplug.default_registry().chooser``) on synthetic tensors
+    shaped like ``params`` (never on them; the global RNG is left alone) and
+    kept per algorithm, device type and dtype. With
     ``OPTIPLUG_AUTOTUNE=0``, a single runnable candidate or no parameters,
     nothing is timed: the highest ``priority`` wins (then the name).
 
@@ -323,10 +334,10 @@ def _choose(
     tensors: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
     config: Any,
-    follow: list[_autotune.Tuning] | None = None,
+    follow: list[Tuning] | None = None,
 ) -> ImplementationSpec:
     """:func:`choose_implementation` on tensors, timing candidates built from ``config``."""
-    chosen = _autotune.select(
+    chosen = chooser_of().select(
         algorithm, candidates, None, tensors, hparams, config=config, follow=follow
     )
     if chosen is None:
@@ -334,7 +345,7 @@ def _choose(
         raise HyperparameterError(
             "impl",
             None,
-            f"no implementation supports these parameters ({_autotune.tensor_kinds(tensors)}); "
+            f"no implementation supports these parameters ({_timing.tensor_kinds(tensors)}); "
             f"candidates: {names}",
             algorithm=algorithm,
         )
@@ -347,7 +358,7 @@ def _prepare(
     lr: Any,
     impl: str | None,
     hparams: dict[str, Any],
-    follow: list[_autotune.Tuning],
+    follow: list[Tuning],
 ) -> tuple[list[Any], Any, str]:
     """The constructor sequence: validate, then choose (or check) the implementation.
 
@@ -377,7 +388,9 @@ def _prepare(
     tensors = parameter_tensors(params)
     candidates = cls.implementation_specs()
     if impl:
-        forced = _autotune.select(cls.algorithm, candidates, impl, tensors, hparams, config=config)
+        forced = chooser_of().select(
+            cls.algorithm, candidates, impl, tensors, hparams, config=config
+        )
         if forced is None:  # select() returns the forced record or raises
             raise AssertionError("a forced implementation was not selected")
         return params, config, forced.name
@@ -429,7 +442,7 @@ class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
         """Run implementation ``name`` from the next step on (the state carries over)."""
         raise NotImplementedError
 
-    def _follow(self, follow: list[_autotune.Tuning]) -> None:
+    def _follow(self, follow: list[Tuning]) -> None:
         """Hold the background measurement started while choosing, if any."""
         if follow:
             setattr(self, _decision.TUNING_ATTRIBUTE, follow[-1])
@@ -482,7 +495,7 @@ class TorchBackedOptimizer(_ContractOptimizer):
         impl: str | None = None,
         **hparams: Any,
     ) -> None:
-        follow: list[_autotune.Tuning] = []
+        follow: list[Tuning] = []
         params, config, chosen = _prepare(type(self), params, lr, impl, hparams, follow)
         options: dict[str, Any] = {
             **attrs.asdict(config, recurse=False),
@@ -590,7 +603,20 @@ def torch_backed_optimizer(
 
     Returns:
         The new optimizer class.
+
+    Raises:
+        TypeError: ``torch_class``'s signature does not name both ``foreach``
+            and ``fused`` (a class from another library: wrap it with
+            :func:`external_optimizer`).
     """
+    missing = {"foreach", "fused"} - _named_keywords(torch_class)
+    if missing:
+        raise TypeError(
+            f"torch_backed_optimizer: {torch_class.__qualname__} does not name "
+            f"{' or '.join(sorted(missing))} in its signature, so its loop/foreach/fused "
+            "implementations cannot be chosen; wrap it with "
+            "optiplug.base.external_optimizer instead"
+        )
     name = name or torch_class.__name__
     namespace: dict[str, Any] = {
         "algorithm": algorithm,
@@ -602,6 +628,292 @@ def torch_backed_optimizer(
     return cast(
         "type[TorchBackedOptimizer]", type(name, (TorchBackedOptimizer, torch_class), namespace)
     )
+
+
+_NOT_NAMED = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+_EXTERNAL_PRIORITY = {"foreach": 1, "loop": 0, "default": 0, "fused": -1}
+"""``fused`` last: which devices an external fused kernel runs on is the library's to say."""
+
+
+def _init_signature(cls: type) -> inspect.Signature:
+    """The signature of ``cls.__init__`` as looked up on the class (``self`` included)."""
+    init: Callable[..., Any] = cls.__dict__.get("__init__") or next(
+        k.__dict__["__init__"] for k in cls.__mro__ if "__init__" in k.__dict__
+    )
+    return inspect.signature(init)
+
+
+def _named_keywords(cls: type) -> frozenset[str]:
+    """The keywords ``cls.__init__`` names (a ``**kwargs`` names none: what it swallows is unknown)."""
+    try:
+        parameters = _init_signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(p.name for p in parameters if p.kind not in _NOT_NAMED) - {"self", "params"}
+
+
+def external_implementations(cls: type) -> dict[str, dict[str, bool]]:
+    """The implementations an external optimizer class offers, from the flags its signature names.
+
+    ``fused`` and ``foreach`` count only when ``cls.__init__`` names them; a
+    class that takes neither (or swallows them in ``**kwargs``) has one
+    implementation, ``"default"``: its own, whatever it does.
+
+    Args:
+        cls: the optimizer class.
+
+    Returns:
+        ``{implementation: constructor flags}``.
+    """
+    named = _named_keywords(cls) & {"foreach", "fused"}
+    if not named:
+        return {"default": {}}
+    table = {
+        name: {k: v for k, v in flags.items() if k in named}
+        for name, flags in TORCH_IMPLEMENTATION_FLAGS.items()
+    }
+    return {name: flags for name, flags in table.items() if name == "loop" or flags.get(name)}
+
+
+class ExternalOptimizer(ValidatedLoading, torch.optim.Optimizer):
+    """Mixin for a third-party optimizer class plus optiplug's contract.
+
+    Build subclasses with :func:`external_optimizer`. The constructor
+    validates the keywords (with :attr:`config_class` when given, else
+    against the class's signature: a keyword the signature does not name is
+    refused with a did-you-mean even when the class would swallow it in
+    ``**kwargs``), passes the class only the keywords its signature names,
+    and chooses the implementation among those its signature offers (see
+    :func:`external_implementations`): ``impl`` forces one; None takes
+    ``foreach`` where offered, else ``loop`` (or ``default``). ``fused`` is
+    never chosen unasked: which devices an external fused kernel runs on is
+    the library's to say. :attr:`impl` reports what runs.
+
+    Args:
+        params: tensors, param-group dicts or ``(name, tensor)`` pairs.
+        lr: the learning rate (also accepted as a keyword).
+        impl: an implementation name, or None.
+        **hparams: the class's other keywords.
+
+    Raises:
+        HyperparameterError: an unknown keyword, a bad value or an unknown ``impl``.
+    """
+
+    algorithm: ClassVar[str] = ""
+    config_class: ClassVar[type | None] = None
+    external_class: ClassVar[type]
+    group_state: ClassVar[tuple[str, ...]] = ()
+
+    @accepts_prepared
+    def __init__(
+        self,
+        params: Iterable[Any] | Prepared,
+        lr: Any = _UNSET,
+        *,
+        impl: str | None = None,
+        **hparams: Any,
+    ) -> None:
+        if isinstance(params, Prepared):
+            if lr is not _UNSET or impl is not None or hparams:
+                raise TypeError(f"{type(self).__qualname__}: a Prepared is given alone")
+            given, hparams, impl = list(params.params), dict(params.hparams), params.impl
+        else:
+            given = list(params)
+            if lr is not _UNSET:
+                hparams["lr"] = lr
+        keywords = self._validated(given, hparams)
+        table = external_implementations(self.external_class)
+        chosen = self._chosen(table, impl)
+        self._optiplug_impl = chosen
+        flags: dict[str, Any] = dict(table[chosen])
+        super().__init__(given, **keywords, **flags)
+
+    def _validated(self, params: list[Any], hparams: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``hparams``; the keywords to pass the class (those its signature names)."""
+        named = _named_keywords(self.external_class)
+        if self.config_class is not None:
+            config = _decision.validate(self.algorithm, hparams, params, config=self.config_class)
+            values = attrs.asdict(config, recurse=False)
+        else:
+            reject_unknown(hparams, named - {"foreach", "fused"}, self.algorithm)
+            _decision.validate(self.algorithm, hparams, params, factory=self.external_class)
+            values = dict(hparams)
+        return {k: v for k, v in values.items() if k in named and k not in ("foreach", "fused")}
+
+    def _chosen(self, table: Mapping[str, Mapping[str, bool]], impl: str | None) -> str:
+        if impl is None:
+            return "foreach" if "foreach" in table else next(iter(table))
+        if impl not in table:
+            raise HyperparameterError(
+                "impl",
+                impl,
+                f"{self.external_class.__name__} offers {', '.join(table)} "
+                "(the flags its signature names)",
+                algorithm=self.algorithm,
+            )
+        return impl
+
+    @classmethod
+    def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
+        """One record per implementation the class's signature offers.
+
+        Args:
+            target: ``"module:Class"`` naming this class (lazy, picklable
+                factories); None gives factories bound to the class itself.
+
+        Returns:
+            The records; each factory forces its implementation.
+        """
+        return tuple(
+            ImplementationSpec(
+                cls.algorithm,
+                name,
+                lazy(target, impl=name) if target else functools.partial(cls, impl=name),
+                priority=_EXTERNAL_PRIORITY[name],
+                description=f"{cls.external_class.__name__} with "
+                + (", ".join(f"{k}={v}" for k, v in flags.items()) or "its own defaults"),
+            )
+            for name, flags in external_implementations(cls.external_class).items()
+        )
+
+    @property
+    def impl(self) -> str:
+        """The implementation that runs, read from the group flags the class keeps."""
+        table = external_implementations(self.external_class)
+        group = self.param_groups[0] if self.param_groups else {}
+        if "fused" in table and group.get("fused"):
+            return "fused"
+        if "foreach" in table and group.get("foreach"):
+            return "foreach"
+        if "loop" in table and any(k in group for k in ("fused", "foreach")):
+            return "loop"
+        return str(self.__dict__.get("_optiplug_impl", next(iter(table))))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus the implementation chosen."""
+        return {**super().__getstate__(), "_optiplug_impl": self.__dict__.get("_optiplug_impl")}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ExternalOptimizer:
+        """A deep copy; tensor-subclass state is rebuilt from copies of its inner tensors.
+
+        ``copy.deepcopy`` of a tensor calls ``clone``, which some quantized
+        state subclasses do not implement.
+        """
+        _seed_subclass_copies(self.state, memo)
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return clone
+
+    def switch_implementation(self, name: str) -> None:
+        """Run implementation ``name`` from the next step on (the state layout is the class's)."""
+        table = external_implementations(self.external_class)
+        if name not in table:
+            raise KeyError(name)
+        for group in self.param_groups:
+            group.update(table[name])
+        self._optiplug_impl = name
+
+
+def _seed_subclass_copies(value: Any, memo: dict[int, Any]) -> None:
+    """Put a copy of every tensor subclass in ``value`` (nested) into a deepcopy ``memo``."""
+    if isinstance(value, torch.Tensor):
+        if is_subclass_tensor(value) and id(value) not in memo:
+            memo[id(value)] = copied_tensor(value)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _seed_subclass_copies(item, memo)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _seed_subclass_copies(item, memo)
+
+
+def external_optimizer(
+    algorithm: str,
+    cls: type[torch.optim.Optimizer],
+    config_class: type | None = None,
+    *,
+    group_state: Iterable[str] = (),
+    name: str | None = None,
+    module: str | None = None,
+    doc: str | None = None,
+) -> type[ExternalOptimizer]:
+    """Wrap a third-party optimizer class with optiplug's contract (:class:`ExternalOptimizer`).
+
+    Validated keywords (an unknown one is refused even if the class swallows
+    ``**kwargs``), only the keywords its signature names passed on,
+    ``foreach``/``fused`` only when named there, an honest :attr:`impl`,
+    and validated all-or-nothing state loading. Its train/eval methods, if
+    any, are the class's own. Give ``module`` (and ``name``) where the class
+    is importable from, so it pickles, as for :func:`torch_backed_optimizer`.
+
+    Args:
+        algorithm: the algorithm's registered name.
+        cls: the optimizer class (``pytorch_optimizer.Adan``).
+        config_class: an attrs class validating the hyperparameters; None
+            validates by the class's signature and the well-known names.
+        group_state: param-group keys holding running state (see
+            :attr:`optiplug.OptimizerSpec.group_state`), for loading when
+            the class is used without the registry.
+        name: the class name; defaults to ``cls``'s.
+        module: the importable module that exposes the class; defaults to
+            the caller's module.
+        doc: the class docstring.
+
+    Returns:
+        The new optimizer class.
+    """
+    name = name or cls.__name__
+    namespace: dict[str, Any] = {
+        "algorithm": algorithm,
+        "config_class": config_class,
+        "external_class": cls,
+        "group_state": tuple(group_state),
+        "__module__": module or sys._getframe(1).f_globals.get("__name__", __name__),
+        "__qualname__": name,
+        "__doc__": doc or f"{cls.__name__} with optiplug's contract ({algorithm}).",
+        "__signature__": _wrapper_signature(cls),
+    }
+    return cast("type[ExternalOptimizer]", type(name, (ExternalOptimizer, cls), namespace))
+
+
+def _wrapper_signature(cls: type) -> inspect.Signature:
+    """``(params, lr, *, <the class's other named keywords>)``: what the wrapper accepts.
+
+    Without ``**kwargs`` and without ``foreach``/``fused`` (``impl`` picks
+    those), so ``optiplug show`` lists the class's hyperparameters with
+    their defaults (a betas default declares the arity) and an unknown
+    keyword is refused.
+    """
+    try:
+        own = list(_init_signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        own = []
+    skipped = {"self", "params", "foreach", "fused"}
+    kept = [p for p in own if p.kind not in _NOT_NAMED and p.name not in skipped]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter("params", positional)]
+    parameters += [p.replace(kind=positional) for p in kept if p.name == "lr"]
+    parameters += [p.replace(kind=keyword) for p in kept if p.name != "lr"]
+    return inspect.Signature(parameters)
+
+
+def set_training(optimizer: Any, training: bool) -> bool:
+    """Switch an optimizer with a train/eval lifecycle (schedule-free) to train or eval mode.
+
+    Call it with True before training steps, with False before evaluation
+    and before saving a checkpoint; any other optimizer is left alone.
+
+    Args:
+        optimizer: any optimizer.
+        training: the mode.
+
+    Returns:
+        Whether it has the lifecycle (declared by its spec's ``train_eval``
+        or detected: callable ``train`` and ``eval`` methods).
+    """
+    return _mode.set_training(optimizer, training)
 
 
 class KernelTableOptimizer(_ContractOptimizer):
@@ -679,7 +991,7 @@ class KernelTableOptimizer(_ContractOptimizer):
     ) -> None:
         if not self.implementations:
             raise TypeError(f"{type(self).__qualname__} declares no implementations")
-        follow: list[_autotune.Tuning] = []
+        follow: list[Tuning] = []
         params, config, chosen = _prepare(type(self), params, lr, impl, hparams, follow)
         self._impl = chosen
         super().__init__(params, attrs.asdict(config, recurse=False))

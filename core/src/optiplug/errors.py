@@ -141,19 +141,31 @@ class PluginConflictError(OptiplugError, LookupError):
     Attributes:
         name: the contested name.
         providers: ``(plugin, distribution, version)`` of each provider.
+        qualified: the qualified name (``"plugin:name"``) of each provider's
+            record, which resolves to it alone.
     """
 
-    def __init__(self, name: str, providers: Sequence[tuple[str, str, str]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        providers: Sequence[tuple[str, str, str]],
+        *,
+        qualified: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.providers = tuple(providers)
+        self.qualified = tuple(qualified)
         described = "; ".join(
             f"plugin {plugin!r} from {dist} {version}" for plugin, dist, version in self.providers
         )
         choices = ", ".join(repr(plugin) for plugin, _, _ in self.providers)
         self.message = (
             f"{name!r} is provided by more than one plugin: {described}. "
-            f"Pass provider= one of {choices} (a plugin or distribution name)."
+            f"Pass provider= one of {choices} (a plugin or distribution name)"
         )
+        if self.qualified:
+            self.message += f", or use a qualified name: {', '.join(map(repr, self.qualified))}"
+        self.message += "."
         super().__init__(self.message)
 
     def __str__(self) -> str:

@@ -32,6 +32,7 @@ from .errors import HyperparameterError, closest_name
 __all__ = [
     "Hyperparameter",
     "betas",
+    "betas_of",
     "boolean",
     "hyperparameter",
     "hyperparameters_of",
@@ -39,6 +40,7 @@ __all__ = [
     "non_negative",
     "positive",
     "positive_int",
+    "reject_unknown",
     "unit_interval",
     "validate_hyperparameters",
 ]
@@ -136,18 +138,59 @@ def unit_interval(_: Any, attribute: NamedField, value: Any) -> None:
 
 
 def betas(_: Any, attribute: NamedField, value: Any) -> None:
-    """Accept a pair of numbers, each in [0, 1)."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise HyperparameterError(attribute.name, value, "must be a pair (beta1, beta2)")
+    """Accept a tuple of betas, each in [0, 1), of the field's declared arity.
+
+    The arity is the length of the field's default (``(0.98, 0.92, 0.99)``
+    declares three, as Adan takes); without a tuple default, a pair.
+    :func:`betas_of` fixes the arity explicitly.
+    """
+    _check_betas(attribute.name, value, _declared_arity(attribute))
+
+
+def betas_of(arity: int) -> _FieldCheck:
+    """A validator accepting ``arity`` betas, each in [0, 1).
+
+    Args:
+        arity: how many betas (2 for Adam, 3 for Adan...); at least 1.
+
+    Returns:
+        An attrs validator raising :class:`HyperparameterError`.
+
+    Raises:
+        ValueError: ``arity`` is not an integer >= 1.
+    """
+    if isinstance(arity, bool) or not isinstance(arity, int) or arity < 1:
+        raise ValueError(f"betas_of: arity must be an integer >= 1, got {arity!r}")
+
+    def check(_: Any, attribute: NamedField, value: Any) -> None:
+        _check_betas(attribute.name, value, arity)
+
+    check.__doc__ = f"Accept {arity} betas, each in [0, 1)."
+    return check
+
+
+def _declared_arity(attribute: NamedField) -> int:
+    default = getattr(attribute, "default", None)
+    return len(default) if isinstance(default, (tuple, list)) and default else 2
+
+
+_ARITY_NAMES = {1: "a 1-tuple", 2: "a pair", 3: "a triple"}
+
+
+def _check_betas(name: str, value: Any, arity: int) -> None:
+    if not isinstance(value, (tuple, list)) or len(value) != arity:
+        names = ", ".join(f"beta{i + 1}" for i in range(arity))
+        shape = _ARITY_NAMES.get(arity, f"a tuple of {arity}")
+        raise HyperparameterError(name, value, f"must be {shape} ({names})")
     tensor = _tensor_type()
     tensors = sum(tensor is not None and isinstance(beta, tensor) for beta in value)
-    if tensors == 1 or (tensors == 0 and not all(isinstance(b, float) for b in value)):
-        reason = "beta1 and beta2 must both be floats or both 0-d tensors (as torch requires)"
-        raise HyperparameterError(attribute.name, value, reason)
+    if 0 < tensors < arity or (tensors == 0 and not all(isinstance(b, float) for b in value)):
+        reason = "the betas must all be floats or all 0-d tensors (as torch requires)"
+        raise HyperparameterError(name, value, reason)
     for index, beta in enumerate(value):
-        number = _finite(f"{attribute.name}[{index}]", beta)
+        number = _finite(f"{name}[{index}]", beta)
         if not 0.0 <= number < 1.0:
-            raise HyperparameterError(attribute.name, value, f"beta{index + 1} must be in [0, 1)")
+            raise HyperparameterError(name, value, f"beta{index + 1} must be in [0, 1)")
 
 
 def boolean(_: Any, attribute: NamedField, value: Any) -> None:
@@ -198,7 +241,7 @@ class Hyperparameter:
 
 _WELL_KNOWN: dict[str, tuple[_FieldCheck, str]] = {
     "lr": (learning_rate, "finite, >= 0"),
-    "betas": (betas, "each in [0, 1)"),
+    "betas": (betas, "each in [0, 1)"),  # arity: the signature default's
     "eps": (positive, "> 0"),
     "weight_decay": (non_negative, ">= 0"),
     "momentum": (unit_interval, "in [0, 1)"),
@@ -255,7 +298,18 @@ def _accepts_any_keyword(factory: Callable[..., Any]) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _reject_unknown(names: Iterable[str], known: set[str], algorithm: str) -> None:
+def reject_unknown(names: Iterable[str], known: Iterable[str], algorithm: str) -> None:
+    """Raise for the first (sorted) name not in ``known``, with a did-you-mean.
+
+    Args:
+        names: the keywords given.
+        known: the accepted keywords.
+        algorithm: named in the message.
+
+    Raises:
+        HyperparameterError: naming the unknown keyword and the accepted ones.
+    """
+    known = set(known)
     for name in sorted(names):
         if name not in known:
             accepted = ", ".join(sorted(known)) or "none"
@@ -278,6 +332,8 @@ def validate_hyperparameters(
     config: type | None = None,
     factory: Callable[..., Any] | None = None,
     extra: Iterable[str] = (),
+    check_unknown: bool = True,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Any:
     """Validate user hyperparameters for ``algorithm``.
 
@@ -287,6 +343,11 @@ def validate_hyperparameters(
         config: the algorithm's attrs config class, if it has one.
         factory: the optimizer factory (checked by signature when no config).
         extra: further accepted keywords that are not hyperparameters.
+        check_unknown: False checks only the values of the keywords the
+            factory's signature does not reject (a saved param group carries
+            keys no signature names); its defaults still declare arities.
+        defaults: declared defaults over the factory signature's (a betas
+            default declares how many betas there are).
 
     Returns:
         The config instance when ``config`` is given, else None.
@@ -297,25 +358,43 @@ def validate_hyperparameters(
     """
     given = {k: v for k, v in hparams.items() if k not in set(extra)}
     if config is not None:
-        _reject_unknown(given, {f.name for f in attrs.fields(config)}, algorithm)
+        reject_unknown(given, {f.name for f in attrs.fields(config)}, algorithm)
         try:
             return config(**given)
         except HyperparameterError as error:
             raise error.for_algorithm(algorithm) from None
-    if factory is not None and not _accepts_any_keyword(factory):
-        _reject_unknown(given, {p.name for p in _keyword_parameters(factory)}, algorithm)
+    if check_unknown and factory is not None and not _accepts_any_keyword(factory):
+        reject_unknown(given, {p.name for p in _keyword_parameters(factory)}, algorithm)
+    defaults = {**(_signature_defaults(factory) if factory is not None else {}), **(defaults or {})}
     for name, value in given.items():
         if name in _WELL_KNOWN:
             check, _ = _WELL_KNOWN[name]
             try:
-                check(None, _FieldName(name), value)
+                check(None, _FieldName(name, defaults.get(name)), value)
             except HyperparameterError as error:
                 raise error.for_algorithm(algorithm) from None
     return None
 
 
+def _signature_defaults(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The factory's keyword defaults (a betas default declares its arity).
+
+    A factory that cannot be inspected (a lazy reference that fails to
+    import) declares nothing; calling it reports why.
+    """
+    try:
+        parameters = _keyword_parameters(factory)
+    except Exception:
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
 @attrs.frozen
 class _FieldName:
-    """Stand-in for ``attrs.Attribute`` when validating without a config class."""
+    """Stand-in for ``attrs.Attribute`` when validating without a config class.
+
+    ``default`` is the factory signature's default, if any.
+    """
 
     name: str
+    default: Any = None

@@ -44,6 +44,14 @@ def _check_stage(stage: str | None) -> str | None:
     return canonical
 
 
+def _check_steps(total_steps: int | None) -> int | None:
+    if total_steps is None:
+        return None
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ModelConfigError(f"total_steps={total_steps!r}: expected a positive integer or None")
+    return total_steps
+
+
 def _request_from_config(
     config: Mapping[str, Any], task: str | None, stage: str | None
 ) -> SelectionRequest:
@@ -74,6 +82,7 @@ class AutoOptimizer:
         *,
         num_parameters: int | None = None,
         stage: str | None = None,
+        total_steps: int | None = None,
         registry: Registry | None = None,
     ) -> Selection:
         """Select for a task, optionally with a model config or a parameter count.
@@ -86,13 +95,16 @@ class AutoOptimizer:
                 ``architectures``, when ``task`` is None).
             num_parameters: the parameter count, when no config is given.
             stage: ``"pretraining"`` or ``"finetuning"``, if known.
+            total_steps: the run's length in optimizer steps, if known (a
+                rule may prefer a schedule-free optimizer when it is not).
             registry: where to look; the default registry when None.
 
         Returns:
             The :class:`Selection`.
 
         Raises:
-            ModelConfigError: an unreadable config or one lacking the needed keys.
+            ModelConfigError: an unreadable config or one lacking the needed
+                keys, or a ``total_steps`` that is not a positive integer.
         """
         if config is not None:
             if isinstance(config, (str, os.PathLike)):
@@ -107,6 +119,7 @@ class AutoOptimizer:
                 parameters_exact=num_parameters is not None,
                 stage=_check_stage(stage),
             )
+        request = attrs.evolve(request, total_steps=_check_steps(total_steps))
         return bound_registry(registry).select(request)
 
     @classmethod
@@ -160,6 +173,7 @@ class AutoOptimizer:
         task: str | None = None,
         *,
         stage: str | None = None,
+        total_steps: int | None = None,
         registry: Registry | None = None,
     ) -> Selection:
         """Select for a module, counting its trainable parameters exactly.
@@ -168,6 +182,7 @@ class AutoOptimizer:
             model: the module; an HF model's ``config`` is passed to the rules too.
             task: the task, if known.
             stage: ``"pretraining"`` or ``"finetuning"``, if known.
+            total_steps: the run's length in optimizer steps, if known.
             registry: where to look.
 
         Returns:
@@ -186,6 +201,7 @@ class AutoOptimizer:
             config=mapping,
             model_type=model_type,
             stage=_check_stage(stage),
+            total_steps=_check_steps(total_steps),
         )
         return bound_registry(registry).select(request)
 

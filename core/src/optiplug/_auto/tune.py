@@ -41,6 +41,7 @@ import attrs
 import torch
 
 from .._core import ranks as _ranks
+from .._core.lifecycle import set_training
 from .._core.registry import Registry
 from .._core.selection import CandidateReport, Selection, TuneReport, TuneTrial
 from .._core.specs import Candidate
@@ -328,6 +329,7 @@ def _train_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, batch: Any
 ) -> float:
     """One step; returns the loss before it (a non-finite loss is not stepped on)."""
+    set_training(optimizer, True)  # schedule-free optimizers step in their training mode
     optimizer.zero_grad(set_to_none=True)
     loss = _scalar_loss(loss_fn, model, batch)
     if not loss.requires_grad:
@@ -343,11 +345,21 @@ def _train_step(
     return value
 
 
-def _held_out_loss(model: torch.nn.Module, loss_fn: LossFn, held_out: Sequence[Any]) -> float:
+def _held_out_loss(
+    model: torch.nn.Module,
+    loss_fn: LossFn,
+    held_out: Sequence[Any],
+    optimizer: torch.optim.Optimizer | None = None,
+) -> float:
+    """The mean loss on ``held_out``, model and optimizer in evaluation mode (then back)."""
     model.eval()
+    if optimizer is not None:
+        set_training(optimizer, False)  # schedule-free: evaluate at the averaged weights
     with torch.no_grad():
         losses = [float(_scalar_loss(loss_fn, model, batch)) for batch in held_out]
     model.train()
+    if optimizer is not None:
+        set_training(optimizer, True)
     return math.fsum(losses) / len(losses)
 
 
@@ -567,7 +579,7 @@ def _short_run(
         loss = _train_step(run_model, optimizer, loss_fn, plan.train[step % len(plan.train)])
         if not math.isfinite(loss):
             return hparams, math.inf, f"diverged at step {step + 1}"
-    held = _held_out_loss(run_model, loss_fn, plan.held_out)
+    held = _held_out_loss(run_model, loss_fn, plan.held_out, optimizer)
     return hparams, held if math.isfinite(held) else math.inf, ""
 
 

@@ -28,6 +28,8 @@ from safetensors.torch import load as safetensors_load
 from ..errors import CheckpointError
 from .io import OpenDirectory
 from .schema import check_marker, check_metadata, check_values, parse_object
+from .subclass import TAG as SUBCLASS_TAG
+from .subclass import decode_subclass, encode_subclass, is_subclass
 
 __all__ = [
     "ALLOWED_FILES",
@@ -85,7 +87,9 @@ def encode(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
     """Encode a state or hyperparameter value for ``metadata.json``.
 
     Args:
-        value: a tensor, None, bool, int, float, str, or a tuple/list of those.
+        value: a tensor (a wrapper tensor subclass too, see
+            :mod:`optiplug._checkpoint.subclass`), None, bool, int, float,
+            str, or a tuple/list of those.
         name: where it lives (``state.0.exp_avg``); also its tensor's name.
         tensors: receives the tensors to store, by name.
 
@@ -95,6 +99,8 @@ def encode(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
     Raises:
         CheckpointError: a value of another type.
     """
+    if is_subclass(value):  # a quantized state: its inner tensors, and how to rebuild it
+        return encode_subclass(value, name, tensors, encode)
     if isinstance(value, torch.Tensor):
         tensors[name] = value.detach().to("cpu").contiguous()
         return {"tensor": name}
@@ -127,6 +133,8 @@ def decode(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
         if tag in ("tuple", "list") and isinstance(inner, list):
             items = [decode(item, tensors, where) for item in inner]
             return tuple(items) if tag == "tuple" else items
+        if tag == SUBCLASS_TAG:
+            return decode_subclass(inner, tensors, where, decode)
     raise _malformed(f"{where} holds an undecodable value {str(value)[:80]}")
 
 

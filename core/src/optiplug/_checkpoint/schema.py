@@ -23,6 +23,8 @@ from typing import Any, TypeGuard
 import torch
 
 from ..errors import CheckpointError
+from .subclass import TAG as SUBCLASS_TAG
+from .subclass import check_encoded
 
 __all__ = [
     "DTYPE_NAMES",
@@ -283,6 +285,13 @@ def _check_value(value: Any, tensors: Collection[str], where: Path, label: str) 
         if tag in ("tuple", "list") and isinstance(inner, list):
             for item in inner:
                 _check_value(item, tensors, where, label)
+            return
+        if tag == SUBCLASS_TAG:
+
+            def fail() -> None:
+                raise _malformed(where, f"{label} holds a malformed tensor-subclass record")
+
+            check_encoded(inner, tensors, lambda v: _check_value(v, tensors, where, label), fail)
             return
     detail = f"{label} holds an undecodable value {str(value)[:80]}"
     if isinstance(value, dict) and value.get("tensor") is not None:

@@ -22,7 +22,7 @@ from .groups import (
     plan_groups,
 )
 from .params import parameter_tensors
-from .protocols import OptimizerCreator
+from .protocols import ImplementationSelector, OptimizerCreator
 from .specs import ImplementationSpec, OptimizerSpec
 
 if TYPE_CHECKING:
@@ -112,7 +112,11 @@ def _validated(
 
 
 def _build(
-    spec: OptimizerSpec, candidates: Sequence[ImplementationSpec], impl: str | None, made: Prepared
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
+    impl: str | None,
+    made: Prepared,
+    chooser: ImplementationSelector,
 ) -> torch.optim.Optimizer:
     """Build ``made`` with ``impl`` if forced, else with the best candidate that builds.
 
@@ -122,18 +126,16 @@ def _build(
     one, or else the algorithm's own factory, succeeds: when every one
     fails, the own factory's error is raised and no implementation is blamed.
     """
-    from . import autotune  # deferred: imports torch
-
     tensors = parameter_tensors(made.params)
     if impl is not None:
-        forced = autotune.select(
+        forced = chooser.select(
             spec.name, candidates, impl, tensors, made.hparams, config=made.config
         )
         return _build_forced(forced, made)
-    follow: list[autotune.Tuning] = []
-    optimizer, failed = _first_that_builds(spec, candidates, tensors, made, follow)
+    follow: list[Any] = []
+    optimizer, failed = _first_that_builds(spec, candidates, tensors, made, chooser, follow)
     for implementation, failure in failed:
-        autotune.report_failure(implementation, failure)
+        chooser.report_failure(implementation, failure)
     if follow:  # measuring in the background: the optimizer switches when it is done
         _set(optimizer, _decision.TUNING_ATTRIBUTE, follow[-1])
     return optimizer
@@ -144,18 +146,17 @@ def _first_that_builds(
     candidates: Sequence[ImplementationSpec],
     tensors: Sequence[Any],
     made: Prepared,
+    chooser: ImplementationSelector,
     follow: list[Any],
 ) -> tuple[torch.optim.Optimizer, list[tuple[ImplementationSpec, Exception]]]:
     """The optimizer of the best candidate that builds, and the ones that raised before it.
 
     Falls back to ``spec.factory`` (whose error propagates) when none builds.
     """
-    from . import autotune  # deferred: imports torch
-
     remaining = list(candidates)
     failed: list[tuple[ImplementationSpec, Exception]] = []
     while (
-        chosen := autotune.select(
+        chosen := chooser.select(
             spec.name, remaining, None, tensors, made.hparams, config=made.config, follow=follow
         )
     ) is not None:
@@ -199,6 +200,7 @@ def create_optimizer(
     params: Iterable[Any],
     *,
     registry: object,
+    chooser: ImplementationSelector,
     impl: str | None = None,
     **hparams: Any,
 ) -> torch.optim.Optimizer:
@@ -239,6 +241,7 @@ def create_optimizer(
             ``nn.Module``.
         registry: the registry creating the optimizer (tagged on it, and
             passed to a :data:`USES_REGISTRY` factory); never called here.
+        chooser: the registry's implementation chooser (``registry.chooser``).
         impl: the implementation to force, or None to choose.
         **hparams: the algorithm's hyperparameters, plus ``model`` (the
             module, to classify parameters by module type), ``no_decay``
@@ -269,7 +272,7 @@ def create_optimizer(
     if USES_REGISTRY in spec.capabilities:
         merged.setdefault("registry", registry)
     made = Prepared(spec.name, params, merged, config)
-    optimizer = _build(spec, candidates, impl, made)
+    optimizer = _build(spec, candidates, impl, made, chooser)
     _tag(optimizer, spec, registry)
     if reasons:
         _set(optimizer, GROUPING_ATTRIBUTE, reasons)

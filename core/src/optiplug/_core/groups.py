@@ -2,9 +2,12 @@
 
 :func:`param_groups` turns any ``params`` form (an ``nn.Module`` too) into
 param-group dicts: parameters that should not be decayed (norm weights,
-biases, embeddings, other 1-D tensors, or names matching the user's globs)
-get weight decay 0, and with ``layer_decay`` every parameter's learning rate
-is scaled by ``layer_decay ** (num_layers - layer_id)``. ``optiplug.create``
+biases, embeddings, other 1-D tensors, the names the model's own
+``no_weight_decay()`` lists, or names matching the user's globs) get weight
+decay 0, and with ``layer_decay`` every parameter's learning rate is scaled
+by ``layer_decay ** (num_layers - layer_id)``, the layer ids read from the
+model's ``group_matcher()`` where it has one (timm's conventions, the same
+groups as ``timm.optim.param_groups_layer_decay``). ``optiplug.create``
 calls it for every algorithm when ``no_decay``/``layer_decay`` is given;
 composite algorithms (``multi``) get the keywords and apply them per route.
 See ``docs/param_groups.md``.
@@ -13,8 +16,9 @@ See ``docs/param_groups.md``.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -41,7 +45,8 @@ __all__ = [
 ]
 
 NO_DECAY_AUTO = "auto"
-"""``no_decay="auto"``: norms, biases, embeddings and 1-D parameters get weight decay 0."""
+"""``no_decay="auto"``: the model's ``no_weight_decay()`` names, norms, biases, embeddings and
+1-D parameters get weight decay 0."""
 
 GROUPING_KEYWORDS = ("no_decay", "layer_decay", "num_layers")
 """Keywords of ``optiplug.create`` that build param groups (never passed to a plain factory)."""
@@ -63,6 +68,13 @@ NAME_HINTS = {
 
 _LAYER0_HINTS = ("embed", "wte", "wpe", "tok_", "pos_", "cls_token", "stem")
 """Name fragments of parameters that come before the first block (layer 0)."""
+
+_MATCH_PREVIOUS = 99999.0
+"""A ``group_matcher()`` key ending in this joins the layer before it (timm's ``MATCH_PREV_GROUP``)."""
+
+_Key = tuple[float, ...]
+_Rule = tuple["re.Pattern[str]", int, _Key, str]
+"""A compiled ``group_matcher()`` entry: (regex, group ordinal, suffix, group name)."""
 
 
 @attrs.frozen
@@ -231,43 +243,257 @@ def _module_role(module: Any) -> str | None:
     return None
 
 
+def _no_weight_decay_list(model: Any, algorithm: str | None) -> tuple[str, ...]:
+    """The globs the model's own ``no_weight_decay()`` returns (timm's convention), sorted.
+
+    Returns:
+        ``()`` for no model, or a model without a ``no_weight_decay`` method.
+
+    Raises:
+        HyperparameterError: ``no_weight_decay()`` returned something other than names.
+    """
+    method = getattr(model, "no_weight_decay", None) if model is not None else None
+    if not callable(method):
+        return ()
+    listed = method()
+    names_given = isinstance(listed, Iterable) and not isinstance(listed, (str, bytes, Mapping))
+    items = list(listed) if names_given else []
+    if not names_given or not all(isinstance(item, str) for item in items):
+        raise _error(
+            "no_decay",
+            listed,
+            f"'auto' reads {type(model).__name__}.no_weight_decay(), "
+            "which must return a collection of parameter names",
+            algorithm,
+        )
+    return tuple(sorted(items))
+
+
+@attrs.frozen
+class _DecayRules:
+    """What ``no_decay`` asks for: the ``"auto"`` rules, the user's globs, the model's list."""
+
+    auto: bool
+    globs: tuple[str, ...]
+    listed: tuple[str, ...] = ()
+    lister: str = ""
+
+
+def _first_match(names: Sequence[str], patterns: Sequence[str]) -> str | None:
+    return next((p for p in patterns if any(fnmatch.fnmatchcase(n, p) for n in names)), None)
+
+
 def _decay_rule(
     name: str | None,
     param: Any,
     owner: tuple[str, Any, str, str] | None,
-    auto: bool,
-    globs: Sequence[str],
+    rules: _DecayRules,
 ) -> tuple[bool, str, bool]:
-    """``(decay, reason, is embedding)`` for one parameter."""
-    embedding = False
-    role = None
-    if owner is not None:
-        role = _module_role(owner[1])
-        embedding = role == "embedding"
-    if name is not None:
-        glob = next((g for g in globs if fnmatch.fnmatchcase(name, g)), None)
-        if glob is not None:
-            return False, f"no decay: name matches {glob!r}", embedding
-    if not auto:
+    """``(decay, reason, is embedding)`` for one parameter: the first rule that applies wins."""
+    role = _module_role(owner[1]) if owner is not None else None
+    embedding = role == "embedding"
+    glob = _first_match([name] if name is not None else [], rules.globs)
+    if glob is not None:
+        return False, f"no decay: name matches {glob!r}", embedding
+    if not rules.auto:
         return True, "decay", embedding
+    names = [n for n in (name, owner[3] if owner is not None else None) if n is not None]
+    listed = _first_match(names, rules.listed)
+    if listed is not None:
+        return False, f"no decay: {rules.lister}.no_weight_decay() lists {listed!r}", embedding
+    decay, reason, hinted = _auto_rule(name, param, owner, role)
+    return decay, reason, embedding or hinted
+
+
+def _auto_rule(
+    name: str | None, param: Any, owner: tuple[str, Any, str, str] | None, role: str | None
+) -> tuple[bool, str, bool]:
+    """``"auto"`` by module type, else by name (matrices and vectors only), else by shape."""
     if owner is not None:
         module_name, module, attribute, _ = owner
         where = f"{type(module).__name__} '{module_name}'"
         if role is not None:
-            return False, f"no decay: {role} ({where})", embedding
+            return False, f"no decay: {role} ({where})", False
         if attribute == "bias":
-            return False, f"no decay: bias ({where})", embedding
+            return False, f"no decay: bias ({where})", False
     elif name is not None:
         lowered = name.lower()
         if lowered.rsplit(".", 1)[-1] == "bias":
-            return False, "no decay: bias (by name)", embedding
+            return False, "no decay: bias (by name)", False
         hint = next((h for h in NAME_HINTS if h in lowered), None)
-        if hint is not None:
+        if hint is not None and param.ndim <= 2:
             role = NAME_HINTS[hint]
             return False, f"no decay: {role} (name contains {hint!r})", role == "embedding"
     if param.ndim < 2:
-        return False, f"no decay: {'scalar' if param.ndim == 0 else '1-D'}", embedding
-    return True, "decay: matrix", embedding
+        return False, f"no decay: {'scalar' if param.ndim == 0 else '1-D'}", False
+    if param.ndim > 2:
+        return True, f"decay: {param.ndim}-D kernel", False
+    return True, "decay: matrix", False
+
+
+def _matcher_error(model: Any, algorithm: str | None) -> Callable[[Any, str], HyperparameterError]:
+    """A maker of the error for a bad ``group_matcher()`` entry of ``model``."""
+
+    def fail(value: Any, reason: str) -> HyperparameterError:
+        where = f"{type(model).__name__}.group_matcher()"
+        return _error("layer_decay", value, f"layer ids come from {where}: {reason}", algorithm)
+
+    return fail
+
+
+def _matcher_rules(
+    spec: Mapping[Any, Any], fail: Callable[[Any, str], HyperparameterError]
+) -> list[_Rule]:
+    """Compile a timm-style matcher dict: ``{group: regex | [(regex, suffix or None), ...] | None}``.
+
+    Every group has its ordinal (its position in the dict, None entries
+    counted); a pair's suffix (``(0,)``, ``(99999,)``) is appended to the key.
+    """
+    rules: list[_Rule] = []
+    for ordinal, (group, entry) in enumerate(spec.items()):
+        if entry is None:
+            continue
+        pairs = entry if isinstance(entry, (list, tuple)) else [(entry, None)]
+        for pair in pairs:
+            if not (
+                isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+            ):
+                raise fail(pair, f"entry {group!r} must be a regex or a list of (regex, suffix)")
+            suffix = pair[1] if pair[1] is not None else ()
+            if not isinstance(suffix, (list, tuple)) or not all(_is_number(x) for x in suffix):
+                raise fail(pair[1], f"a suffix in {group!r} must be a tuple of numbers or None")
+            try:
+                compiled = re.compile(pair[0])
+            except re.error as exc:
+                raise fail(pair[0], f"not a regex ({exc})") from exc
+            rules.append((compiled, ordinal, tuple(float(x) for x in suffix), str(group)))
+    return rules
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rule_key(
+    name: str, rules: Sequence[_Rule], fail: Callable[[Any, str], HyperparameterError]
+) -> tuple[_Key, str]:
+    """``(sort key, group name)`` of ``name``: the first regex that matches at its start wins."""
+    for compiled, ordinal, suffix, group in rules:
+        found = compiled.match(name)
+        if found is None:
+            continue
+        captured = found.groups()
+        if not all(isinstance(c, str) and _is_float(c) for c in captured):
+            raise fail(compiled.pattern, f"captured {captured!r} from {name!r}, not numbers")
+        return (float(ordinal), *(float(c) for c in captured), *suffix), group
+    return (math.inf,), "unmatched"
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _callable_key(
+    name: str, matcher: Callable[[str], Any], fail: Callable[[Any, str], HyperparameterError]
+) -> tuple[_Key, str]:
+    """``(sort key, group name)`` of ``name`` from a matcher function (a number or numbers)."""
+    value = matcher(name)
+    parts = list(value) if isinstance(value, Iterable) else [value]
+    if not parts or not all(_is_number(part) for part in parts):
+        raise fail(value, f"returned {value!r} for {name!r}; it must return a number or numbers")
+    return tuple(float(part) for part in parts), "matcher"
+
+
+def _matcher_layers(model: Any, algorithm: str | None) -> dict[str, tuple[int, str]] | None:
+    """``{parameter name: (layer id, group)}`` from ``model.group_matcher(coarse=False)``.
+
+    timm's rules: every parameter gets a sort key (group ordinal, the regex's
+    captured numbers, the suffix; unmatched -> infinity, the head); the sorted
+    distinct keys are numbered 0, 1, 2..., and a key ending in 99999 shares
+    the number of the key before it.
+
+    Returns:
+        None when the model has no ``group_matcher``.
+    """
+    method = getattr(model, "group_matcher", None) if model is not None else None
+    if not callable(method):
+        return None
+    fail = _matcher_error(model, algorithm)
+    spec = method(coarse=False)
+    if isinstance(spec, Mapping):
+        rules = _matcher_rules(spec, fail)
+        keyed = {name: _rule_key(name, rules, fail) for name, _ in model.named_parameters()}
+    elif callable(spec):
+        keyed = {name: _callable_key(name, spec, fail) for name, _ in model.named_parameters()}
+    else:
+        raise fail(spec, "must return a dict of regexes or a function of the parameter name")
+    ids: dict[_Key, int] = {}
+    layer = -1
+    for key in sorted({key for key, _ in keyed.values()}):
+        if layer < 0 or key[-1] != _MATCH_PREVIOUS:
+            layer += 1
+        ids[key] = layer
+    return {name: (ids[key], group) for name, (key, group) in keyed.items()}
+
+
+@attrs.frozen
+class _Depth:
+    """The layers: ``num_layers`` (the head's id) and the ids ``group_matcher()`` gives, if any."""
+
+    num_layers: int
+    matched: Mapping[str, tuple[int, str]] | None = None
+
+    def layer_of(self, names: Sequence[str], embedding: bool) -> tuple[int, str]:
+        """``(layer id, reason)`` of the parameter called ``names`` (its name, its owner's name)."""
+        if self.matched is None:
+            return layer_id(names[0] if names else None, self.num_layers, embedding=embedding)
+        for name in names:
+            if name in self.matched:
+                layer, group = self.matched[name]
+                return layer, f"group_matcher() {group!r}"
+        return self.num_layers, "not in group_matcher(): the last layer"
+
+
+def _depth(
+    names: Sequence[str | None],
+    model: Any,
+    layer_decay: float,
+    num_layers: int | None,
+    algorithm: str | None,
+) -> _Depth:
+    """The model's layers: from its ``group_matcher()``, else counted from the names.
+
+    Raises:
+        HyperparameterError: ``num_layers`` disagrees with ``group_matcher()``,
+            or the layers cannot be counted (every parameter would be one layer).
+    """
+    what = f"model {type(model).__name__}" if model is not None else "the parameters (no model=)"
+    matched = _matcher_layers(model, algorithm)
+    if matched is not None:
+        top = max((layer for layer, _ in matched.values()), default=0)
+        if num_layers is not None and num_layers != top:
+            reason = f"{what}'s group_matcher() gives {top} (the head's layer id)"
+            raise _error("num_layers", num_layers, reason, algorithm)
+        if top == 0:
+            reason = f"{what}'s group_matcher() puts every parameter in one layer"
+            raise _error("layer_decay", layer_decay, reason, algorithm)
+        return _Depth(top, matched)
+    if num_layers is not None:
+        return _Depth(num_layers)
+    everything = [*names, *(n for n, _ in model.named_parameters())] if model is not None else names
+    counted = count_layers(everything)
+    if counted == 1:
+        reason = (
+            f"cannot count the layers of {what}: it has no group_matcher() and no parameter "
+            "name has a block index (h.N, layer.N, layers.N, blocks.N, stages.N, "
+            "resblocks.N); pass num_layers= or a model with group_matcher()"
+        )
+        raise _error("layer_decay", layer_decay, reason, algorithm)
+    return _Depth(counted)
 
 
 def plan_groups(
@@ -285,12 +511,18 @@ def plan_groups(
         ``(plans, the input groups' options, every parameter named)``.
 
     Raises:
-        HyperparameterError: a bad keyword, or ``layer_decay``/name patterns
-            without parameter names (and no ``model=``).
+        HyperparameterError: a bad keyword, ``layer_decay``/name patterns
+            without parameter names (and no ``model=``), or layers that
+            cannot be counted (see :func:`param_groups`).
     """
     auto, globs = _patterns(no_decay, algorithm)
     layer_decay, num_layers = _check_layer_decay(layer_decay, num_layers, algorithm)
     params, model = module_params(params, model)
+    rules = _DecayRules(auto, globs)
+    if auto and model is not None:
+        rules = _DecayRules(
+            auto, globs, _no_weight_decay_list(model, algorithm), type(model).__name__
+        )
     groups = named_param_groups(params)
     owners = _owners(model) if model is not None else {}
     entries: list[tuple[str | None, Any, int]] = []
@@ -309,17 +541,19 @@ def plan_groups(
             "needs parameter names: pass model.named_parameters(), the module, or model=",
             algorithm,
         )
-    if layer_decay is not None and num_layers is None:
-        num_layers = count_layers(name for name, _, _ in entries)
+    depth = None
+    if layer_decay is not None:
+        depth = _depth([name for name, _, _ in entries], model, layer_decay, num_layers, algorithm)
     plans = []
     for name, tensor, index in entries:
         owner = owners.get(id(tensor))
-        decay, reason, embedding = _decay_rule(name, tensor, owner, auto, globs)
+        decay, reason, embedding = _decay_rule(name, tensor, owner, rules)
         layer, scale = None, 1.0
-        if layer_decay is not None and num_layers is not None:
-            layer, why = layer_id(name, num_layers, embedding=embedding)
-            scale = layer_decay ** (num_layers - layer)
-            reason += f"; layer {layer}/{num_layers} ({why}), lr x{scale:.4g}"
+        if layer_decay is not None and depth is not None:
+            names = [n for n in (name, owner[3] if owner else None) if n is not None]
+            layer, why = depth.layer_of(names, embedding)
+            scale = layer_decay ** (depth.num_layers - layer)
+            reason += f"; layer {layer}/{depth.num_layers} ({why}), lr x{scale:.4g}"
         plans.append(ParamPlan(name, tensor, index, decay, layer, scale, reason))
     return plans, [group.options for group in groups], named
 
@@ -408,26 +642,35 @@ def param_groups(
     ``torch.optim`` optimizer.
 
     ``no_decay="auto"`` rules, first match wins: with a module (``model=``,
-    or ``params`` given as the module), a parameter of a
-    ``torch.nn.modules.normalization`` layer or a ``_NormBase`` (batch and
-    instance norms) is a norm, of ``nn.Embedding``/``nn.EmbeddingBag`` an
-    embedding, of a module whose class name contains ``Norm`` a norm, and
-    an attribute named ``bias`` a bias; without one, the name decides
-    (last component ``bias``; ``norm``, ``ln_``, ``embed``, ``wte``,
-    ``wpe`` anywhere). Anything else with fewer than 2 dimensions is
-    "1-D"; the rest is decayed.
+    or ``params`` given as the module), a name its ``no_weight_decay()``
+    lists (timm's convention; ``fnmatch`` globs) is excluded, a parameter
+    of a ``torch.nn.modules.normalization`` layer or a ``_NormBase`` (batch
+    and instance norms) is a norm, of ``nn.Embedding``/``nn.EmbeddingBag``
+    an embedding, of a module whose class name contains ``Norm`` a norm,
+    and an attribute named ``bias`` a bias; without one, the name decides
+    (last component ``bias``; for tensors of at most 2 dimensions,
+    ``norm``, ``ln_``, ``embed``, ``wte``, ``wpe`` anywhere). Anything else
+    with fewer than 2 dimensions is "1-D"; the rest (matrices, conv
+    kernels whatever their names) is decayed.
+
+    ``layer_decay`` layer ids come from the model's ``group_matcher(coarse=
+    False)`` where it has one (timm's rules, the same groups as
+    ``timm.optim.param_groups_layer_decay``), else from block indices in
+    the names (:func:`layer_id`).
 
     Args:
         params: tensors, ``(name, tensor)`` pairs, param-group dicts (split
             further, their settings kept), or an ``nn.Module``.
         model: the module the parameters come from, to tell norms and
-            embeddings by module type (and to name unnamed tensors).
+            embeddings by module type, to read its ``no_weight_decay()`` and
+            ``group_matcher()`` (and to name unnamed tensors).
         no_decay: ``"auto"``, a list of globs on parameter names
             (``fnmatch``, case-sensitive; may include ``"auto"``), or None.
         layer_decay: lr scale per layer: ``layer_decay ** (num_layers -
             layer_id)`` (layer 0 = embeddings, block ``i`` = ``i + 1``,
             ``num_layers`` = head); None for no scaling.
-        num_layers: override of :func:`count_layers` of the names.
+        num_layers: override of :func:`count_layers` of the names (with a
+            ``group_matcher()``, it must equal the head's layer id).
         hparams: the optimizer's hyperparameters: the base values the group
             settings are computed from.
         lr_keys: learning-rate keys to scale (``("lr", "aux_lr")`` for muon).
@@ -439,7 +682,10 @@ def param_groups(
 
     Raises:
         HyperparameterError: a bad keyword value, names needed but missing,
-            or ``layer_decay`` without a base ``lr`` in ``hparams``.
+            ``layer_decay`` without a base ``lr`` in ``hparams``, layers that
+            cannot be counted (no ``group_matcher()``, no block index in any
+            name, no ``num_layers``), or a bad ``group_matcher()`` /
+            ``no_weight_decay()`` result.
     """
     plans, options, named = plan_groups(
         params, model=model, no_decay=no_decay, layer_decay=layer_decay, num_layers=num_layers

@@ -10,15 +10,46 @@ hands :func:`~optiplug._core.create.create_optimizer` the records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
-    from .specs import Candidate, PluginInfo, SelectionRequest
+    from .specs import Candidate, ImplementationSpec, PluginInfo, SelectionRequest
 
-__all__ = ["CandidateSource", "OptimizerCreator"]
+__all__ = ["CandidateSource", "ImplementationSelector", "OptimizerCreator"]
+
+
+class ImplementationSelector(Protocol):
+    """What creation needs of a registry's implementation chooser.
+
+    :class:`optiplug._choice.chooser.ImplementationChooser` satisfies it;
+    the registry owns one and hands it to creation, which never imports the
+    layer it lives in.
+    """
+
+    def select(
+        self,
+        algorithm: str,
+        candidates: Sequence[ImplementationSpec],
+        impl: str | None,
+        params: Sequence[torch.Tensor],
+        hparams: Mapping[str, Any],
+        *,
+        config: Any = None,
+        follow: list[Any] | None = None,
+    ) -> ImplementationSpec | None:
+        """The implementation to run: ``impl`` when forced (checked), else the fastest runnable."""
+        ...
+
+    def report_failure(self, impl: ImplementationSpec, error: BaseException) -> None:
+        """Record that ``impl`` failed and is skipped."""
+        ...
+
+    def implementation_failures(self) -> dict[tuple[str, str, str], str]:
+        """Implementations skipped: ``(algorithm, name, plugin) -> error``."""
+        ...
 
 
 @runtime_checkable

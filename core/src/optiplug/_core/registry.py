@@ -32,7 +32,7 @@ from ..errors import (
     closest_name,
 )
 from . import builtin as _builtin
-from .binding import provided_default
+from .binding import new_chooser, provided_default
 from .build import build_schedule
 from .create import OptimizerFactory, create_optimizer, validated_hparams
 from .env import env_flag
@@ -53,7 +53,17 @@ from .specs import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginWarning", "Registry", "bound_registry"]
+    from .protocols import ImplementationSelector
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "QUALIFIER",
+    "PluginWarning",
+    "Registry",
+    "bound_registry",
+    "qualified_name",
+    "split_qualified",
+]
 
 ENTRY_POINT_GROUP = "optiplug.plugins"
 _Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
@@ -115,6 +125,8 @@ class Registry:
             fails or is incompatible. Defaults to ``OPTIPLUG_STRICT_PLUGINS``.
         disabled: plugin names not to load. Defaults to
             ``OPTIPLUG_DISABLE_PLUGINS`` (comma-separated).
+        chooser: the implementation chooser this registry owns (see
+            :attr:`chooser`); None makes a new one on first need.
     """
 
     def __init__(
@@ -123,7 +135,9 @@ class Registry:
         *,
         strict: bool | None = None,
         disabled: Iterable[str] | None = None,
+        chooser: ImplementationSelector | None = None,
     ) -> None:
+        self._chooser = chooser
         self.strict = (
             env_flag("OPTIPLUG_STRICT_PLUGINS", default=False) if strict is None else strict
         )
@@ -391,7 +405,21 @@ class Registry:
         """
         found = self.spec(name, provider=provider)
         candidates = self._implementations_of(found)
-        return create_optimizer(found, candidates, params, registry=self, impl=impl, **hparams)
+        return create_optimizer(
+            found, candidates, params, registry=self, chooser=self.chooser, impl=impl, **hparams
+        )
+
+    @property
+    def chooser(self) -> ImplementationSelector:
+        """This registry's implementation chooser: what ``impl=None`` measured, and why.
+
+        Made on first use (it imports torch); every choice, measurement,
+        exclusion and failure it records belongs to this registry.
+        """
+        with self._lock:
+            if self._chooser is None:
+                self._chooser = new_chooser()
+            return self._chooser
 
     def factory(
         self, name: str, *, impl: str | None = None, provider: str | None = None, **hparams: Any
@@ -408,7 +436,9 @@ class Registry:
         """
         found = self.spec(name, provider=provider)
         validated_hparams(found, hparams)
-        return OptimizerFactory(found.name, hparams, impl=impl, provider=provider, registry=self)
+        return OptimizerFactory(
+            self.name_of(found), hparams, impl=impl, provider=provider, registry=self
+        )
 
     def schedule(self, name: str, *, provider: str | None = None, **kwargs: Any) -> Any:
         """Build schedule ``name`` from this registry; see :func:`optiplug.schedule`.
@@ -449,9 +479,14 @@ class Registry:
         return sorted(self._plugins.values(), key=lambda info: info.name)
 
     def optimizers(self) -> list[str]:
-        """Canonical names of every available algorithm, sorted (aliases not listed)."""
+        """The name of every available algorithm, sorted (aliases not listed).
+
+        Each is the name that reaches it (:meth:`name_of`): the plain name,
+        or ``plugin:name`` for an algorithm whose plain name another
+        provider holds or shares, so every name listed resolves.
+        """
         self._discover()
-        return sorted(self._optimizers)
+        return sorted(self.name_of(spec) for specs in self._optimizers.values() for spec in specs)
 
     def schedules(self) -> list[str]:
         """Names of every available schedule, sorted (aliases not listed)."""
@@ -492,6 +527,24 @@ class Registry:
         self._discover()
         return self._resolve(self._optimizers, name, provider, UnknownOptimizerError)
 
+    def has(self, name: str, *, provider: str | None = None) -> bool:
+        """Whether :meth:`spec` finds algorithm ``name`` (a contested name counts: it exists).
+
+        Args:
+            name: a plain or qualified name, or an alias.
+            provider: plugin or distribution name, as for :meth:`spec`.
+
+        Returns:
+            False when nothing active provides it.
+        """
+        try:
+            self.spec(name, provider=provider)
+        except PluginConflictError:
+            return True
+        except (UnknownOptimizerError, OptimizerUnavailableError):
+            return False
+        return True
+
     def schedule_spec(self, name: str, *, provider: str | None = None) -> ScheduleSpec:
         """Return the spec of schedule ``name``; raises like :meth:`spec`."""
         self._discover()
@@ -503,9 +556,36 @@ class Registry:
         """Every registered implementation of algorithm ``name``, sorted by name."""
         return self._implementations_of(self.spec(name, provider=provider))
 
+    def _binds(self, impl: ImplementationSpec, spec: OptimizerSpec) -> bool:
+        """Whether implementation ``impl`` is one of algorithm ``spec``'s.
+
+        Its ``algorithm`` names the algorithm: qualified (``plugin:name``), that
+        provider's; plain, its own plugin's algorithm of that name when the
+        plugin has one (a bridge's implementations of its own ``muon``), else
+        the algorithm the plain name resolves to (a kernel plugin's
+        implementation of the native ``adamw``).
+        """
+        qualifier, name = split_qualified(impl.algorithm)
+        if name != spec.name:
+            return False
+        owner = spec.provider.plugin if spec.provider is not None else None
+        if qualifier is not None:
+            return qualifier in _provider_names(spec)
+        own = impl.provider.plugin if impl.provider is not None else None
+        if own is not None and any(
+            _provider_names(other) & {own} for other in self._optimizers.get(name, ())
+        ):
+            return own == owner
+        if len(self._optimizers.get(name, ())) < 2:
+            return True
+        try:
+            return _native_or_conflict(name, self._optimizers[name]) is spec
+        except PluginConflictError:
+            return False
+
     def _implementations_of(self, spec: OptimizerSpec) -> list[ImplementationSpec]:
         """Every registered implementation of the resolved ``spec``, sorted by name."""
-        found = [impl for impl in self._implementations if impl.algorithm == spec.name]
+        found = [impl for impl in self._implementations if self._binds(impl, spec)]
         return sorted(
             found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
         )
@@ -524,10 +604,8 @@ class Registry:
         Returns:
             ``{implementation name: "TypeName: message"}``, sorted by name.
         """
-        from . import autotune  # deferred: imports torch
-
         mine = {_implementation_key(i) for i in self.implementations(name, provider=provider)}
-        failed = autotune.implementation_failures()
+        failed = self.chooser.implementation_failures()
         return {key[1]: failed[key] for key in sorted(mine & failed.keys())}
 
     def _resolve(
@@ -537,18 +615,58 @@ class Registry:
         provider: str | None,
         unknown: type[UnknownOptimizerError],
     ) -> _Named:
+        qualifier, name = split_qualified(name)
         entries = list(table.get(name, ()))
         if not entries:
             entries = [rec for recs in table.values() for rec in recs if name in rec.aliases]
         if not entries:
             entries = _loosely_named(table, name)
-        if provider is not None:
-            entries = [rec for rec in entries if provider in _provider_names(rec)]
+        for wanted in (provider, qualifier):
+            if wanted is not None:
+                entries = [rec for rec in entries if wanted in _provider_names(rec)]
         if not entries:
-            raise self._missing(name, sorted(table), unknown, provider)
+            raise self._missing(name, sorted(table), unknown, provider or qualifier)
         if len(entries) > 1:
-            raise PluginConflictError(name, [_provider_tuple(rec) for rec in entries])
+            return _native_or_conflict(name, entries)
         return entries[0]
+
+    def name_of(self, spec: OptimizerSpec) -> str:
+        """The name that reaches ``spec``: its plain name where that resolves to it, else ``plugin:name``.
+
+        Args:
+            spec: one of this registry's optimizer specs.
+
+        Returns:
+            E.g. ``"adamw"`` for the native AdamW, ``"pytorch_optimizer:adamw"``
+            for the bridged one.
+        """
+        specs = self._optimizers.get(spec.name, ())
+        if len(specs) < 2:
+            return spec.name
+        try:
+            winner = _native_or_conflict(spec.name, specs)
+        except PluginConflictError:
+            return qualified_name(spec)
+        return spec.name if winner == spec else qualified_name(spec)
+
+    def clashes(self) -> dict[str, tuple[str, ...]]:
+        """Optimizer names more than one plugin provides, and how to reach each.
+
+        A clash is never resolved silently by load order: the plain name
+        goes to the one native algorithm among the providers (one with no
+        :attr:`~optiplug.OptimizerSpec.origin`, i.e. not bridged from
+        another library), and otherwise to none of them; every provider's
+        algorithm stays reachable by its qualified name.
+
+        Returns:
+            ``{name: (qualified names of every provider, sorted)}``.
+        """
+        self._discover()
+        return {
+            name: tuple(sorted(qualified_name(spec) for spec in specs))
+            for name, specs in sorted(self._optimizers.items())
+            if len(specs) > 1
+        }
 
     def _missing(
         self,
@@ -888,8 +1006,54 @@ def _failure_text(error: BaseException, doing: str) -> str:
 
 
 def _implementation_key(impl: ImplementationSpec) -> tuple[str, str, str]:
-    """``(algorithm, name, plugin)``, as :func:`autotune.implementation_failures` keys it."""
+    """``(algorithm, name, plugin)``, as the chooser's ``implementation_failures`` keys it."""
     return (impl.algorithm, impl.name, impl.provider.plugin if impl.provider else "")
+
+
+QUALIFIER = ":"
+"""Separates a provider from a name: ``"heavyball:soap"`` is ``soap`` from plugin ``heavyball``."""
+
+
+def split_qualified(name: str) -> tuple[str | None, str]:
+    """``("heavyball", "soap")`` for ``"heavyball:soap"``; ``(None, name)`` for a plain name.
+
+    Args:
+        name: a plain or qualified name.
+
+    Returns:
+        ``(provider or None, plain name)``.
+    """
+    provider, separator, plain = name.partition(QUALIFIER)
+    return (provider.strip() or None, plain.strip()) if separator else (None, name)
+
+
+def qualified_name(record: Any) -> str:
+    """``"plugin:name"`` for a record with a provider, else its plain name.
+
+    Args:
+        record: an :class:`OptimizerSpec` or :class:`ScheduleSpec` from a registry.
+
+    Returns:
+        The name :meth:`Registry.spec` resolves to exactly this record.
+    """
+    info = record.provider
+    return f"{info.plugin}{QUALIFIER}{record.name}" if info is not None else record.name
+
+
+def _native_or_conflict(name: str, entries: Sequence[_Named]) -> _Named:
+    """The one native record among ``entries`` (not bridged from another library), else a conflict.
+
+    Raises:
+        PluginConflictError: none or several of them are native.
+    """
+    native = [rec for rec in entries if getattr(rec, "origin", None) is None]
+    if len(native) == 1:
+        return native[0]
+    raise PluginConflictError(
+        name,
+        [_provider_tuple(rec) for rec in entries],
+        qualified=[qualified_name(rec) for rec in entries],
+    )
 
 
 def _provider_names(record: Any) -> set[str]:

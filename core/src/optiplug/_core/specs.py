@@ -19,6 +19,7 @@ __all__ = [
     "CommandSpec",
     "ImplementationSpec",
     "OptimizerSpec",
+    "Origin",
     "PluginInfo",
     "Problem",
     "ProviderInfo",
@@ -50,6 +51,10 @@ def _to_implementations(value: Iterable[ImplementationSpec]) -> tuple[Implementa
     return tuple(value)
 
 
+def _to_shape(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(size) for size in value)
+
+
 def _to_group(value: int | None) -> int:
     return -1 if value is None else value
 
@@ -78,29 +83,75 @@ class ProviderInfo:
 
 
 @attrs.frozen
+class Origin:
+    """Where a bridged algorithm comes from: another library's optimizer class.
+
+    A spec with an origin is *bridged*; one without is the plugin's own
+    (*native*). The difference decides names: a native algorithm keeps its
+    plain name when a bridge offers the same one (see
+    :meth:`optiplug.Registry.spec`).
+
+    Attributes:
+        library: the library's distribution name (``"pytorch-optimizer"``).
+        version: its version, as the bridge was built against or found.
+        target: the class, ``"module:QualName"``.
+        paper: the paper or page the library cites for it ("" if none).
+        limitation: why it cannot pass optiplug's checks everywhere (needs a
+            CUDA device, a closure, no float64 ...); "" when it can. Shown by
+            ``optiplug list`` and ``optiplug show``.
+    """
+
+    library: str
+    version: str = ""
+    target: str = ""
+    paper: str = ""
+    limitation: str = ""
+
+
+SLOT_KINDS = ("tensor", "number", "tensors", "any")
+"""What a :class:`StateSlot` holds: one tensor, a Python number, a list or tuple
+of tensors, or anything (kept and copied, never checked)."""
+
+
+@attrs.frozen
 class StateSlot:
     """One per-parameter state entry an algorithm keeps (e.g. ``exp_avg``).
 
     Attributes:
         name: the key in ``optimizer.state[param]`` (torch's name where torch
             has the algorithm).
-        shape: ``"param"`` (same shape as the parameter) or ``"scalar"``.
-        dtype: ``"param"`` (the parameter's dtype), ``"float32"`` or
-            ``"float"`` (any floating dtype).
+        shape: ``"param"`` (same shape as the parameter), ``"scalar"`` or
+            ``"any"`` (not checked: a factored or preconditioner state).
+        dtype: ``"param"`` (the parameter's dtype), ``"float32"``,
+            ``"float"`` (any floating dtype) or ``"any"`` (not checked).
         when: name of a group hyperparameter that must be truthy for the slot
             to exist (``"amsgrad"``, ``"momentum"``); None means always.
         constraints: any of ``"finite"``, ``"non_negative"``, ``"integral"``.
         description: what the slot holds.
+        kind: ``"tensor"`` (one tensor; a tensor subclass such as a
+            quantized state is one too: its shape and dtype are checked as
+            it reports them, its values through the inner tensors of
+            ``__tensor_flatten__``), ``"number"`` (a Python int or float),
+            ``"tensors"`` (a list or tuple of tensors, each checked against
+            ``dtype`` and ``constraints``; ``shape`` is not checked) or
+            ``"any"`` (anything; copied on load, never checked).
+        optional: the optimizer keeps it for some parameters only (a
+            factored second moment for matrices, none for vectors): a state
+            that lacks it is fine, one that has it is checked as declared.
     """
 
     name: str
-    shape: str = attrs.field(default="param", validator=attrs.validators.in_(("param", "scalar")))
+    shape: str = attrs.field(
+        default="param", validator=attrs.validators.in_(("param", "scalar", "any"))
+    )
     dtype: str = attrs.field(
-        default="param", validator=attrs.validators.in_(("param", "float32", "float"))
+        default="param", validator=attrs.validators.in_(("param", "float32", "float", "any"))
     )
     when: str | None = None
     constraints: tuple[str, ...] = ("finite",)
     description: str = ""
+    kind: str = attrs.field(default="tensor", validator=attrs.validators.in_(SLOT_KINDS))
+    optional: bool = False
 
     def present_for(self, group: Mapping[str, Any]) -> bool:
         """Whether this slot should exist for a parameter of ``group``."""
@@ -177,6 +228,27 @@ class OptimizerSpec:
             conformance checks add them, e.g. the required ``routes`` of
             ``multi``).
         provider: filled in by the registry.
+        origin: where a bridged algorithm comes from (:class:`Origin`);
+            None for the plugin's own.
+        group_state: param-group keys that hold the optimizer's running
+            state rather than hyperparameters (a step counter kept in the
+            group, schedule-free's ``weight_sum`` and ``train_mode``). A
+            state dict may carry them or lack them (an optimizer that has
+            not stepped); saved ones are loaded as they are, checked only
+            to be plain values (numbers, strings, 0-d tensors, tuples of
+            those), never validated as hyperparameters nor reported as
+            changed.
+        train_eval: the optimizer must be switched with ``optimizer.train()``
+            before training steps and ``optimizer.eval()`` before
+            evaluation and checkpointing (schedule-free methods). optiplug
+            also detects the two methods on any optimizer; the flag
+            declares it, so ``optiplug show`` and the conformance suite
+            can rely on it.
+        example_shape: the parameter shape the conformance checks use
+            (None: 4x4); give one large enough for the kernels' real path
+            (a blockwise-quantized state needs thousands of elements).
+        example_dtype: the parameter dtype the checks use (None:
+            ``"float64"``); give the one the kernels support.
     """
 
     name: str
@@ -192,6 +264,11 @@ class OptimizerSpec:
     capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=_to_tags)
     example_hparams: dict[str, Any] = attrs.field(factory=dict, converter=_to_dict)
     provider: ProviderInfo | None = None
+    origin: Origin | None = None
+    group_state: tuple[str, ...] = attrs.field(default=(), converter=_to_names)
+    train_eval: bool = False
+    example_shape: tuple[int, ...] | None = attrs.field(default=None, converter=_to_shape)
+    example_dtype: str | None = None
 
     @property
     def hyperparameters(self) -> tuple[Hyperparameter, ...]:
@@ -266,6 +343,9 @@ class SelectionRequest:
         config: the model config mapping, if any.
         model_type: e.g. ``"gpt2"`` or a module class name, if known.
         stage: ``"pretraining"``, ``"finetuning"`` or None.
+        total_steps: how many optimizer steps the run will take (its
+            horizon), or None when unknown: a schedule that needs the length
+            cannot be set then, which a rule may weigh.
     """
 
     task: str | None = None
@@ -274,6 +354,16 @@ class SelectionRequest:
     config: Mapping[str, Any] | None = None
     model_type: str | None = None
     stage: str | None = None
+    total_steps: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Every field by name (what pickles of older releases hold too)."""
+        return {field.name: getattr(self, field.name) for field in attrs.fields(type(self))}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore ``state``; a field added since it was pickled (``total_steps``) gets its default."""
+        for field in attrs.fields(type(self)):
+            object.__setattr__(self, field.name, state.get(field.name, field.default))
 
 
 @attrs.frozen

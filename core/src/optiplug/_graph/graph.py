@@ -30,6 +30,7 @@ import torch
 
 from .._api import factory as make_factory
 from .._core import ranks as _ranks
+from .._core.lifecycle import has_train_eval, set_training
 from .._core.selection import Selection
 from .._core.specs import Candidate
 from .._schedules.base import Schedule
@@ -137,6 +138,7 @@ class Graph:
         self.accumulate = accumulate
         self.seed = seed
         self.optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_training = True  # the mode of a train/eval optimizer (schedule-free)
         self._lrs = LearningRates()
         self._training_step = 0
         self._micro_step = 0
@@ -208,8 +210,9 @@ class Graph:
                 algorithm="Graph",
             )
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
-        with ranks_agree():
+        with ranks_agree(getattr(optimizer, "registry", None)):
             self.optimizer = optimizer(named)
+        set_training(self.optimizer, self._optimizer_training)
         self.base_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
         selected_schedule = getattr(optimizer, "schedule", None)
         if isinstance(selected_schedule, Schedule) and self.schedule is None:
@@ -436,6 +439,11 @@ class Graph:
                 that left a parameter or the optimizer state non-finite.
         """
         optimizer = self._require_optimizer("step")
+        if not self._optimizer_training and has_train_eval(optimizer):
+            raise GraphError(
+                f"{type(optimizer).__name__} is in eval mode, so the gradients were taken at "
+                "its evaluation point: call graph.train() before the forward pass"
+            )
         self._micro_step += 1
         if self._micro_step % self.accumulate:
             return False
@@ -565,12 +573,41 @@ class Graph:
         """
         return self._data.epoch(n)
 
+    def train(self, mode: bool = True) -> Graph:
+        """Put the module and the optimizer in training (True) or evaluation mode.
+
+        The optimizer is switched only when it has a train/eval lifecycle
+        (schedule-free methods: their parameters are the averaged point in
+        eval mode). The Graph keeps the optimizer in eval mode while it saves
+        a checkpoint and returns it to this mode afterwards.
+
+        Args:
+            mode: True to train, False to evaluate.
+
+        Returns:
+            This Graph.
+        """
+        self.module.train(mode)
+        self._optimizer_training = mode
+        if self.optimizer is not None:
+            set_training(self.optimizer, mode)
+        return self
+
+    def eval(self) -> Graph:
+        """``train(False)``: evaluate at the point the optimizer evaluates (see :meth:`train`)."""
+        return self.train(False)
+
     def forward_batch(self, batch: Mapping[str, Any]) -> Any:
         """Run the (DDP-wrapped) module on a batch, under the precision's autocast.
+
+        A module in training mode puts a train/eval optimizer in train mode
+        first (see :meth:`train`).
 
         Returns:
             The module's output for ``batch[forward_input]`` and the keyword fields.
         """
+        if self.module.training and not self._optimizer_training:
+            self.train()
         inputs, keywords = self._data.inputs(batch)
         last = (self._micro_step + 1) % self.accumulate == 0
         with self.autocast(), gradient_sync(self.model, self._parallel, last):
@@ -611,7 +648,11 @@ class Graph:
         optimizer = self._require_optimizer("save")
         found = self._guard.nonfinite_state(self.module, optimizer, self._parallel)
         found = agreed_name(found or self._buffers.first_made_nonfinite())
-        self._checkpoints.save(path, optimizer, self._state(), found)
+        set_training(optimizer, False)  # a train/eval optimizer saves its evaluation point
+        try:
+            self._checkpoints.save(path, optimizer, self._state(), found)
+        finally:
+            set_training(optimizer, self._optimizer_training)
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -660,6 +701,8 @@ class Graph:
         optimizer = self._require_optimizer("load")
         scaler = self.device.type if self.scaler is not None else None
         self._restore(self._checkpoints.load(path, optimizer, scaler))
+        # the checkpoint holds a train/eval optimizer in eval mode: back to this Graph's
+        set_training(optimizer, self._optimizer_training)
 
     def _restore(self, record: GraphRecord) -> None:
         self._training_step = record.training_step

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .._core import autotune as _autotune
+from .._choice.chooser import chooser_of
 from .._core import ranks as _ranks
 from .finite import all_finite
 from .fsdp import set_gradient_sync, shard_module
@@ -65,11 +65,16 @@ def wrap_module(
     return DistributedDataParallel(module, device_ids=ids)
 
 
-def ranks_agree() -> contextlib.AbstractContextManager[Any]:
-    """Under ``torch.distributed``, every rank picks the same measured implementation."""
+def ranks_agree(registry: Any = None) -> contextlib.AbstractContextManager[Any]:
+    """Under ``torch.distributed``, every rank picks the same measured implementation.
+
+    Args:
+        registry: the registry that will create the optimizer (a factory's
+            ``registry``); None for the default one.
+    """
     if not _ranks.active():
         return contextlib.nullcontext()
-    return _autotune.agreed_across_ranks(collective_device())
+    return chooser_of(registry).agreed_across_ranks(collective_device())
 
 
 def gradient_sync(

@@ -47,6 +47,7 @@ from .values import (
     describe,
     generic_findings,
     hyperparameter_findings,
+    plain_value_error,
     same_value,
     slot_findings,
     truthy,
@@ -142,8 +143,12 @@ class Report:
 
 
 def kept_keys(spec: OptimizerSpec, current: Mapping[str, Any]) -> frozenset[str]:
-    """Group keys the loading optimizer keeps: implementation flags and class-fixed keys."""
-    return (IMPLEMENTATION_FLAGS & current.keys()) | class_keys(spec, current)
+    """Group keys the loading optimizer keeps: implementation flags and class-fixed keys.
+
+    The spec's ``group_state`` keys are never kept: the saved running state wins.
+    """
+    kept = (IMPLEMENTATION_FLAGS & current.keys()) | class_keys(spec, current)
+    return kept - frozenset(spec.group_state)
 
 
 def check(target: Target, state_dict: Any) -> Report:
@@ -410,16 +415,27 @@ def _match_by_name(
 def _group_keys(
     target: Target, index: int, tgroup: TargetGroup, sgroup: Mapping[str, Any], report: Report
 ) -> None:
-    current = tgroup.hyperparameters
+    running = frozenset(target.spec.group_state)
+    current = {k: v for k, v in tgroup.hyperparameters.items() if k not in running}
     saved = _saved_keys(index, sgroup, report)
+    _running_state(index, {k: v for k, v in saved.items() if k in running}, report)
+    saved = {k: v for k, v in saved.items() if k not in running}
     _presence(target.spec, index, current, saved, report)
     kept = kept_keys(target.spec, current)
     _fixed(target, index, current, saved, kept, report)
     skipped = report.skipped_keys.get(index, set())
     loaded = {k: v for k, v in saved.items() if k not in kept and k not in skipped}
-    for key, finding in sorted(hyperparameter_findings(target.spec, loaded).items()):
+    for key, finding in sorted(hyperparameter_findings(target.spec, loaded, current).items()):
         report.key(index, key, *finding)
     _changed(index, current, loaded, report)
+
+
+def _running_state(index: int, saved: Mapping[str, Any], report: Report) -> None:
+    """The spec's ``group_state`` keys: loaded as saved, if they are plain values."""
+    for key, value in sorted(saved.items()):
+        error = plain_value_error(value)
+        if error is not None:
+            report.key(index, key, "type", error, describe(value))
 
 
 def _saved_keys(index: int, sgroup: Mapping[Any, Any], report: Report) -> dict[str, Any]:
@@ -445,8 +461,32 @@ def _presence(
         found = f"{key}={describe(saved[key])}"
         report.key(index, key, "unexpected-key", "a key of this optimizer's groups", found)
     for key in sorted(_required(spec, current) - saved.keys()):
+        if _at_default(spec, key, current[key]):
+            continue  # a hyperparameter newer than the checkpoint, left at its default: kept
         expected = f"present (this optimizer: {describe(current[key])})"
         report.key(index, key, "missing-key", expected, "absent")
+
+
+def _at_default(spec: OptimizerSpec, key: str, value: Any) -> bool:
+    """Whether ``value`` is the config's default for ``key`` (a saved group may then lack it).
+
+    A hyperparameter added to an algorithm after a checkpoint was written
+    (muon's ``weight_decay_mode``) is absent from that checkpoint's groups;
+    the algorithm then behaved as its default does, so a loading optimizer
+    left at that default keeps it, as torch's optimizers fill in flags newer
+    than a state dict. At any other value the saved run differed, and the
+    key is reported missing.
+    """
+    field = config_fields(spec).get(key)
+    if field is None or field.default is attrs.NOTHING:
+        return False
+    factory = getattr(field.default, "factory", None)  # an attrs.Factory
+    default = factory() if callable(factory) else field.default
+    converted = field.converter(default) if callable(field.converter) else default
+    try:
+        return bool(converted == value) and type(converted) is type(value)
+    except Exception:  # values that cannot be compared (tensors) are not defaults
+        return False
 
 
 def _required(spec: OptimizerSpec, current: Mapping[str, Any]) -> set[str]:
@@ -537,7 +577,8 @@ def _schema_entry(
     slots = {slot.name: slot for slot in spec.state_slots or ()}
     present = {name for name, slot in slots.items() if slot.present_for(group)}
     for name in sorted(present - entry.keys()):
-        report.param(match, name, "missing-slot", "present", "absent")
+        if not slots[name].optional:
+            report.param(match, name, "missing-slot", "present", "absent")
     unexpected = set()
     for key, value in entry.items():
         if key not in present:

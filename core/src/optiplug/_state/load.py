@@ -4,7 +4,9 @@ The optimizer's algorithm is found from, in order: the spec the registry
 tagged it with when it created it (attribute ``_optiplug_spec``, see
 :mod:`optiplug._create`), the ``algorithm`` class attribute of a
 :class:`~optiplug.base.TorchBackedOptimizer` looked up in the registry, and
-otherwise a schema-less spec named after the class (generic checks only).
+otherwise a schema-less spec named after the class (generic checks only,
+with the class's ``group_state`` keys, as
+:func:`~optiplug.base.external_optimizer` sets them).
 
 Loading validates first, builds the new state and groups aside (copying every
 tensor), and only then swaps them in, so a failure leaves the optimizer
@@ -35,7 +37,7 @@ from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
 from .check import Report, Target, TargetGroup, check, check_whole, kept_keys
-from .values import ParamInfo, describe, truthy
+from .values import ParamInfo, copied_tensor, describe, is_subclass_tensor, truthy
 
 __all__ = [
     "load_state_dict",
@@ -81,7 +83,13 @@ def spec_of(optimizer: Any, registry: Registry) -> OptimizerSpec:
         except OptiplugError:
             pass
     config = getattr(cls, "config_class", None)
-    return OptimizerSpec(name=name or cls.__name__, factory=cls, config=config)
+    running = getattr(cls, "group_state", ())
+    return OptimizerSpec(
+        name=name or cls.__name__,
+        factory=cls,
+        config=config,
+        group_state=tuple(running) if isinstance(running, (tuple, list)) else (),
+    )
 
 
 def target_of(optimizer: Any, spec: OptimizerSpec, registry: Registry) -> Target:
@@ -291,9 +299,16 @@ def _copy(
 
     ``step`` stays a CPU scalar unless the group is fused or capturable, as in
     torch; schema-less optimizers get torch's casting rule for the rest.
+    Lists and tuples are copied item by item; a tensor subclass (a
+    quantized state) is rebuilt from copies of its inner tensors, never cast.
     """
+    if isinstance(value, (list, tuple)):
+        items = [_copy(key, item, param, group, generic=False) for item in value]
+        return type(value)(items) if isinstance(value, list) else tuple(items)
     if not isinstance(value, torch.Tensor):
         return copy.deepcopy(value)
+    if is_subclass_tensor(value):
+        return copied_tensor(value, param.device)
     value = value.detach()
     if key == "step" and value.ndim == 0:
         on_device = truthy(group.get("fused")) or truthy(group.get("capturable"))
@@ -314,10 +329,12 @@ def _merged(
     """The group after loading: saved hyperparameters over this optimizer's own.
 
     The optimizer keeps its params, names, implementation flags and
-    class-fixed keys; saved keys that had problems are skipped.
+    class-fixed keys; saved keys that had problems are skipped. A
+    ``group_state`` key the saved group lacks is dropped (the saved
+    optimizer had not created it yet).
     """
     kept = kept_keys(spec, {k: v for k, v in current.items() if k not in GROUP_META_KEYS})
-    merged = dict(current)
+    merged = {k: v for k, v in current.items() if k not in spec.group_state or k in loaded}
     for key, value in loaded.items():
         if isinstance(key, str) and key not in GROUP_META_KEYS and key not in kept | skipped:
             merged[key] = (

@@ -66,7 +66,9 @@ class MemoryReport:
     Every tensor's storage is counted once: tensors that share a storage
     (views, aliases, one tensor under two keys) count once, under the first
     slot and group that hold it, and state that shares a parameter's storage
-    counts nothing (it is the parameter). Tensor-valued hyperparameters (a
+    counts nothing (it is the parameter). A tensor subclass (a quantized
+    state) counts the storages of the tensors ``__tensor_flatten__`` names,
+    recursively, each once (a code book shared by many states counts once). Tensor-valued hyperparameters (a
     tensor ``lr``) count under their key. Non-tensor values count nothing.
 
     Attributes:
@@ -179,9 +181,10 @@ def memory_report(optimizer: Any) -> MemoryReport:
                 for _, tensor in _tensors({key: value}, torch.Tensor):
                     in_group += _count(tensor, key, seen, by_slot)
         by_group.append(in_group)
-    for param, slots in state.items():  # state of parameters no group lists
+    for param, slots in state.items():  # state of parameters no group lists, or under other keys
         if id(param) not in listed:
-            for slot, tensor in _tensors(slots, torch.Tensor):
+            entry = slots if isinstance(slots, Mapping) else {str(param): slots}
+            for slot, tensor in _tensors(entry, torch.Tensor):
                 _count(tensor, slot, seen, by_slot)
     return MemoryReport(
         total=sum(by_slot.values()),
@@ -225,16 +228,39 @@ def _storage(tensor: torch.Tensor) -> tuple[tuple[Any, ...], int]:
     return (str(local.device), pointer), storage.nbytes()
 
 
+def _flattened(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The tensors holding ``tensor``'s data: itself, or a subclass's inner tensors.
+
+    A wrapper subclass (a quantized optimizer state) has no storage of its
+    own; ``__tensor_flatten__`` names the attributes holding its tensors,
+    which may be subclasses again.
+    """
+    flatten = getattr(type(tensor), "__tensor_flatten__", None)
+    if flatten is None or type(tensor).__name__ in ("Tensor", "Parameter") or _is_dtensor(tensor):
+        yield tensor
+        return
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    for name in names:
+        yield from _flattened(getattr(tensor, name))
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    """A DTensor counts its local shard (see :func:`_storage`), not its flattened parts."""
+    return hasattr(tensor, "to_local")
+
+
 def _count(
     tensor: torch.Tensor, slot: str, seen: set[tuple[Any, ...]], by_slot: dict[str, int]
 ) -> int:
-    key, size = _storage(tensor)
-    if key in seen:
-        by_slot.setdefault(slot, 0)
-        return 0
-    seen.add(key)
-    by_slot[slot] = by_slot.get(slot, 0) + size
-    return size
+    by_slot.setdefault(slot, 0)
+    counted = 0
+    for part in _flattened(tensor):
+        key, size = _storage(part)
+        if key not in seen:
+            seen.add(key)
+            counted += size
+    by_slot[slot] += counted
+    return counted
 
 
 # ------------------------------------------------------------------ estimated
@@ -293,9 +319,12 @@ def estimate(
     by_slot: dict[str, int] = {}
     omitted: list[str] = []
     for slot in spec.state_slots:
-        why = _absent(slot, values)
+        why = _absent(slot, values) or _unsized(slot)
         if why:
             omitted.append(f"{slot.name}: {why}")
+            continue
+        if slot.kind == "number":  # a Python number in the state, not a tensor
+            by_slot[slot.name] = 0
             continue
         element = 4 if slot.dtype == "float32" else size
         by_slot[slot.name] = element * (count if slot.shape == "param" else tensors)
@@ -338,6 +367,15 @@ def _hyperparameters(spec: OptimizerSpec, given: Mapping[str, Any]) -> dict[str,
         )
     values.update(given)
     return values
+
+
+def _unsized(slot: StateSlot) -> str:
+    """Why a slot's size cannot be derived from the parameter count ('' when it can)."""
+    if slot.kind == "number":
+        return ""
+    if slot.kind != "tensor" or slot.shape == "any":
+        return "its size is not declared (measure a real optimizer with optiplug.memory)"
+    return ""
 
 
 def _absent(slot: StateSlot, values: Mapping[str, Any]) -> str:

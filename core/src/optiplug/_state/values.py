@@ -8,6 +8,7 @@ check raises on odd input: anything unexpected is itself a finding.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +25,13 @@ __all__ = [
     "Finding",
     "ParamInfo",
     "config_fields",
+    "copied_tensor",
     "describe",
     "generic_findings",
     "hyperparameter_findings",
+    "inner_tensors",
+    "is_subclass_tensor",
+    "plain_value_error",
     "same_value",
     "slot_findings",
     "truthy",
@@ -69,7 +74,8 @@ class ParamInfo:
 def describe(value: Any) -> str:
     """A short description of ``value`` for a problem report."""
     if isinstance(value, torch.Tensor):
-        return f"tensor{list(value.shape)} {_dtype_name(value.dtype)}"
+        kind = type(value).__name__ if is_subclass_tensor(value) else "tensor"
+        return f"{kind}{list(value.shape)} {_dtype_name(value.dtype)}"
     try:
         text = repr(value)
     except Exception:
@@ -102,6 +108,8 @@ def _expected_dtype(slot: StateSlot, param: ParamInfo) -> torch.dtype | None:
 
 
 def _dtype_finding(slot: StateSlot, value: torch.Tensor, param: ParamInfo) -> Finding | None:
+    if slot.dtype == "any":
+        return None
     expected = _expected_dtype(slot, param)
     if expected is None:
         if _floating(value.dtype):
@@ -116,6 +124,9 @@ def _dtype_finding(slot: StateSlot, value: torch.Tensor, param: ParamInfo) -> Fi
 def slot_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding]:
     """Check one declared slot's value against its rule and the parameter.
 
+    Never raises: a value whose check fails (a tensor subclass without the
+    operator a check needs) is an ``uninspectable`` finding.
+
     Args:
         slot: the declared slot.
         value: the value found in the state dict.
@@ -124,12 +135,57 @@ def slot_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding
     Returns:
         Every finding: type, layout, shape, dtype, then constraint breaches.
     """
+    try:
+        if slot.kind == "any":
+            return []
+        if slot.kind == "number":
+            return _number_findings(slot, value)
+        if slot.kind == "tensors":
+            return _list_findings(slot, value, param)
+        return _tensor_findings(slot, value, param)
+    except Exception as error:  # a value no check can read: report it, never crash
+        return [_uninspectable(value, error)]
+
+
+def _uninspectable(value: Any, error: Exception) -> Finding:
+    found = f"{type(value).__name__}: {type(error).__name__}: {error}"
+    return ("uninspectable", "a value optiplug can check", found[:200])
+
+
+def _number_findings(slot: StateSlot, value: Any) -> list[Finding]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return [("type", "a number", f"{type(value).__name__} {describe(value)}")]
+    if "finite" in slot.constraints and not math.isfinite(value):
+        return [("non-finite", "a finite number", repr(value))]
+    if "non_negative" in slot.constraints and value < 0:
+        return [("negative", "a number >= 0", repr(value))]
+    if "integral" in slot.constraints and math.isfinite(value) and value != int(value):
+        return [("non-integral", "a whole number", repr(value))]
+    return []
+
+
+def _list_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding]:
+    if not isinstance(value, (list, tuple)):
+        return [("type", "a list or tuple of tensors", f"{type(value).__name__} {describe(value)}")]
+    found: list[Finding] = []
+    for index, item in enumerate(value):
+        wrong = _tensor_kind(item)
+        if wrong is not None:
+            found.append((wrong[0], f"item {index}: {wrong[1]}", wrong[2]))
+            continue
+        dtype = _dtype_finding(slot, item, param)
+        problems = [dtype] if dtype is not None else constraint_findings(slot.constraints, item)
+        found += [(kind, f"item {index}: {expected}", got) for kind, expected, got in problems]
+    return found
+
+
+def _tensor_findings(slot: StateSlot, value: Any, param: ParamInfo) -> list[Finding]:
     wrong = _tensor_kind(value)
     if wrong is not None:
         return [wrong]
     found: list[Finding] = []
-    expected_shape = param.shape if slot.shape == "param" else ()
-    if tuple(value.shape) != expected_shape:
+    expected_shape = {"param": param.shape, "scalar": ()}.get(slot.shape)
+    if expected_shape is not None and tuple(value.shape) != expected_shape:
         rule = "the parameter's shape" if slot.shape == "param" else "a scalar"
         found.append(
             ("shape", f"{_shape_text(expected_shape)} ({rule})", _shape_text(tuple(value.shape)))
@@ -147,16 +203,83 @@ def _device_findings(value: torch.Tensor) -> list[Finding]:
     return []
 
 
+def inner_tensors(value: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a tensor subclass is made of (``__tensor_flatten__``), recursively.
+
+    A plain tensor is its own single inner tensor.
+    """
+    flatten = getattr(type(value), "__tensor_flatten__", None)
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter or flatten is None:
+        return [value]
+    names, _ = value.__tensor_flatten__()  # type: ignore[attr-defined]
+    found: list[torch.Tensor] = []
+    for name in names:
+        inner = getattr(value, name)
+        if isinstance(inner, torch.Tensor):  # a DTensor also names its (non-tensor) device mesh
+            found += inner_tensors(inner)
+    return found
+
+
+def is_subclass_tensor(value: torch.Tensor) -> bool:
+    """Whether ``value`` is a wrapper tensor subclass (``__tensor_flatten__``), not plain data.
+
+    A ``DTensor`` (FSDP2's sharded state) is not: it is a shard of plain
+    data, which torch copies, moves and checkpoints as such.
+    """
+    kind = type(value)
+    if kind in (torch.Tensor, torch.nn.Parameter) or not hasattr(kind, "__tensor_flatten__"):
+        return False
+    distributed = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(distributed, "DTensor", None) if distributed is not None else None
+    return dtensor is None or not isinstance(value, dtensor)
+
+
+def copied_tensor(value: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """A copy of ``value`` (on ``device``) that shares no storage with it.
+
+    A tensor subclass is rebuilt (``__tensor_unflatten__``) from copies of
+    its inner tensors: some subclasses' ``Tensor.to(copy=True)`` returns
+    one sharing their inner tensors.
+
+    Args:
+        value: a tensor or tensor subclass.
+        device: where the copy goes; None keeps the device.
+
+    Returns:
+        The copy, detached.
+    """
+    cls = type(value)
+    if is_subclass_tensor(value) and hasattr(cls, "__tensor_unflatten__"):
+        names, context = value.__tensor_flatten__()  # type: ignore[attr-defined]
+        inner = {name: copied_tensor(getattr(value, name), device) for name in names}
+        rebuilt: torch.Tensor = cls.__tensor_unflatten__(
+            inner, context, value.shape, value.stride()
+        )
+        return rebuilt
+    return value.detach().to(device=value.device if device is None else device, copy=True)
+
+
 def constraint_findings(constraints: tuple[str, ...], value: torch.Tensor) -> list[Finding]:
     """Check ``finite``, ``non_negative`` and ``integral`` constraints on a tensor.
 
-    A meta tensor (no data) is a ``device`` finding instead.
+    A meta tensor (no data) is a ``device`` finding instead. A tensor
+    subclass (a quantized state) is checked through its floating inner
+    tensors, for ``finite`` only: its other constraints are about the
+    values it encodes, which only the subclass can decode.
     """
+    if is_subclass_tensor(value):
+        found: list[Finding] = []
+        for inner in inner_tensors(value):
+            if inner.is_floating_point() and "finite" in constraints:
+                found += constraint_findings(("finite",), inner)
+        return found[:1]
     if value.device.type == "meta":
         return _device_findings(value)
     if value.numel() == 0 or not _floating(value.dtype):
         return []
-    found: list[Finding] = []
+    if value.dtype.itemsize == 1:  # float8: CPU kernels (isfinite...) need a wider dtype, exact
+        value = value.float()
+    found = []
     finite = torch.isfinite(value)
     if "finite" in constraints and not bool(finite.all()):
         nans = int(torch.isnan(value).sum())
@@ -184,24 +307,36 @@ def generic_findings(value: Any, param: ParamInfo) -> list[Finding]:
 
     A tensor must be dense, floating, shaped like the parameter (with its
     dtype) or a scalar, and finite; a plain number must be finite; ``None``
-    is accepted; anything else is a type problem.
+    is accepted; a list or tuple is checked item by item (any shape, since
+    factored and preconditioner states have their own); anything else is a
+    type problem. Never raises: a value no check can read is an
+    ``uninspectable`` finding.
     """
+    try:
+        return _generic(value, param, nested=False)
+    except Exception as error:  # a value no check can read: report it, never crash
+        return [_uninspectable(value, error)]
+
+
+def _generic(value: Any, param: ParamInfo, *, nested: bool) -> list[Finding]:
     if value is None or isinstance(value, (bool, int)):
         return []
     if isinstance(value, float):
         return [] if math.isfinite(value) else [("non-finite", "a finite number", repr(value))]
+    if isinstance(value, (list, tuple)):
+        return [f for item in value for f in _generic(item, param, nested=True)][:1]
     wrong = _tensor_kind(value)
     if wrong is not None:
-        return (
-            [(wrong[0], "a tensor, a number or None", wrong[2])] if wrong[0] == "type" else [wrong]
-        )
+        expected = "a tensor, a number, None or a list of those"
+        return [(wrong[0], expected, wrong[2])] if wrong[0] == "type" else [wrong]
     shape = tuple(value.shape)
-    if shape not in (param.shape, ()):
+    if not nested and shape not in (param.shape, ()):
         expected = f"{_shape_text(param.shape)} (the parameter's shape) or [] (a scalar)"
         return [("shape", expected, _shape_text(shape))]
     if not _floating(value.dtype):
         return [("dtype", "a floating dtype", _dtype_name(value.dtype)), *_device_findings(value)]
-    if shape == param.shape and shape and _floating(param.dtype) and value.dtype != param.dtype:
+    same_shape = shape == param.shape and shape and _floating(param.dtype)
+    if not nested and same_shape and value.dtype != param.dtype:
         expected = f"{_dtype_name(param.dtype)} (the parameter's dtype)"
         return [("dtype", expected, _dtype_name(value.dtype)), *_device_findings(value)]
     return constraint_findings(("finite",), value)
@@ -262,7 +397,9 @@ def _field_error(field: attrs.Attribute[Any], value: Any) -> str | None:
     return None
 
 
-def _single_error(spec: OptimizerSpec, key: str, value: Any) -> str | None:
+def _single_error(
+    spec: OptimizerSpec, key: str, value: Any, current: Mapping[str, Any]
+) -> str | None:
     """Validate one key with the spec's config field, or the well-known rules."""
     fields = config_fields(spec)
     if key in fields:
@@ -270,11 +407,26 @@ def _single_error(spec: OptimizerSpec, key: str, value: Any) -> str | None:
     if key == "initial_lr":
         return _field_error(attrs.fields(_InitialLr).initial_lr, value)
     try:
-        validate_hyperparameters(spec.name, {key: value})
+        validate_hyperparameters(
+            spec.name,
+            {key: value},
+            factory=spec.factory,
+            check_unknown=False,
+            defaults={k: v for k, v in current.items() if k == key},
+        )
     except HyperparameterError as error:
         return error.reason
     except Exception as error:
         return f"{type(error).__name__}: {error}"
+    return _type_error(value)
+
+
+def plain_value_error(value: Any) -> str | None:
+    """Why ``value`` is no plain group value (number, bool, string, None, 0-d tensor, tuple).
+
+    Returns:
+        None when it is one, else the rule it breaks.
+    """
     return _type_error(value)
 
 
@@ -295,7 +447,9 @@ class _InitialLr:
     initial_lr: float = attrs.field(validator=learning_rate)
 
 
-def hyperparameter_findings(spec: OptimizerSpec, values: Mapping[str, Any]) -> dict[str, Finding]:
+def hyperparameter_findings(
+    spec: OptimizerSpec, values: Mapping[str, Any], current: Mapping[str, Any] | None = None
+) -> dict[str, Finding]:
     """Validate saved group hyperparameters as the constructor would.
 
     Each key is checked alone first (so every bad value is reported), then
@@ -306,13 +460,15 @@ def hyperparameter_findings(spec: OptimizerSpec, values: Mapping[str, Any]) -> d
     Args:
         spec: the algorithm.
         values: the saved group's hyperparameters to check.
+        current: the loading optimizer's own group values; without a config
+            class they declare shapes (how many betas).
 
     Returns:
         ``{key: finding}`` for each rejected key.
     """
     found: dict[str, Finding] = {}
     for key, value in values.items():
-        error = _single_error(spec, key, value)
+        error = _single_error(spec, key, value, current or {})
         if error is not None:
             found[key] = ("hyperparameter", error, describe(value))
     fields = config_fields(spec)

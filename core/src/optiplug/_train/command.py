@@ -4,7 +4,9 @@ The default run trains a 3-layer transformer on the interpreter's own
 standard-library sources for 500 steps with ``adamw`` and a cosine schedule,
 then prints the training and validation loss beside the unigram baseline and
 a generated sample. ``--compare adamw,lion,muon`` trains several optimizers on
-identical data and seeds and plots their loss curves.
+identical data and seeds and plots their loss curves; with ``--seeds N`` and
+``--target-loss X`` it races them over N seeds and reports intervals and
+p-values.
 
 This module imports torch: the ``train`` plugin imports it when the command runs.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import shlex
 import sys
 from typing import Any
@@ -22,16 +25,24 @@ import attrs
 from .._core.registry import Registry
 from .._graph.fsdp import DEFAULT_FSDP_MIN_PARAMS
 from ..errors import OptiplugError
-from .compare import availability, check_installed, compare, parse_compare, unavailable
-from .config import TrainConfig, read_run_file
+from .compare import availability, check_installed, compare, parse_compare, race, unavailable
+from .config import OptionError, TrainConfig, read_run_file
 from .cpus import ThreadChoice, choose_threads
 from .data import Corpus, load_corpus
 from .launch import launch, torch_threads
 from .loop import Interrupted, check_run, train
 from .options import DEFAULT_PLOT, DEFAULT_TUNE_BUDGET, config_from_args
 from .preflight import preflight
-from .report import compare_table, header, plot_losses, report
-from .results import TrainResult
+from .report import (
+    compare_table,
+    header,
+    plot_losses,
+    plot_race,
+    race_notes,
+    race_table,
+    report,
+)
+from .results import RaceResult, TrainResult
 from .tune import run_hyperparameters, run_length_budget, tune_job, tune_lrs
 
 __all__ = ["INTERRUPTED", "run"]
@@ -63,7 +74,27 @@ def _check_combinations(args: argparse.Namespace, config: TrainConfig) -> None:
         raise OptiplugError("--compare names the optimizers; drop --optimizer")
     if args.plot and not args.compare:
         raise OptiplugError("--plot goes with --compare")
+    _check_race_options(args)
     _check_tune_options(args)
+
+
+def _racing(args: argparse.Namespace) -> bool:
+    """Whether ``--compare`` is a race (``--seeds`` or ``--target-loss`` given)."""
+    return args.seeds is not None or args.target_loss is not None
+
+
+def _check_race_options(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--seeds`` or ``--target-loss``, or either without ``--compare``."""
+    if args.seeds is not None and args.seeds < 1:
+        raise OptionError("seeds", args.seeds, "must be an integer >= 1")
+    target = args.target_loss
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise OptionError(
+            "target_loss", target, "must be a finite number > 0 (a validation loss, in nats)"
+        )
+    for option, value in (("seeds", args.seeds), ("target_loss", target)):
+        if value is not None and not args.compare:
+            raise OptionError(option, value, "goes with --compare (it races its optimizers)")
 
 
 def _check_tune_options(args: argparse.Namespace) -> None:
@@ -128,10 +159,13 @@ def _matplotlib_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _plot_title(config: TrainConfig) -> str:
+def _plot_title(config: TrainConfig, seeds: int = 1) -> str:
+    which = (
+        f"seed {config.seed}" if seeds == 1 else f"seeds {config.seed}-{config.seed + seeds - 1}"
+    )
     return (
         f"optiplug train --compare: character LM, {config.n_layer} layers x {config.d_model}, "
-        f"batch {config.batch_size} x {config.block_size}, seed {config.seed}"
+        f"batch {config.batch_size} x {config.block_size}, {which}"
     )
 
 
@@ -156,6 +190,8 @@ def _run_compare(
     print(header(config, corpus, threads), flush=True)
     with torch_threads(threads.threads):
         tuned = _tuned_lrs(args, config, corpus, registry, entries) if args.tune_lr else None
+        if _racing(args):
+            return _race(args, config, registry, entries, (corpus, tuned, can_plot))
         results = compare(config, entries, registry, corpus, quiet=args.quiet, tuned=tuned)
     trained = [r for r in results if isinstance(r, TrainResult)]
     print()
@@ -165,6 +201,40 @@ def _run_compare(
         print(f"note: {_MATPLOTLIB_MISSING}", file=sys.stderr)
         return 0
     print(f"wrote {plot_losses(trained, args.plot or DEFAULT_PLOT, title=_plot_title(config))}")
+    return 0
+
+
+def _race(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    registry: Registry,
+    entries: list[tuple[str, float | None]],
+    context: tuple[Corpus, dict[str, dict[str, Any]] | None, bool],
+) -> int:
+    """The race: every optimizer over ``--seeds`` seeds, its table, notes and plot."""
+    corpus, tuned, can_plot = context
+    seeds = args.seeds or 1
+    result: RaceResult = race(
+        config,
+        entries,
+        registry,
+        corpus,
+        seeds=seeds,
+        target=args.target_loss,
+        quiet=args.quiet,
+        tuned=tuned,
+    )
+    print()
+    print(race_table(result))
+    print()
+    print(race_notes(result, config))
+    if result.baseline is not None:
+        print(f"unigram baseline: {result.baseline:.4f} nats/char")
+    if not can_plot:
+        print(f"note: {_MATPLOTLIB_MISSING}", file=sys.stderr)
+        return 0
+    title = _plot_title(config, seeds)
+    print(f"wrote {plot_race(result, args.plot or DEFAULT_PLOT, title=title)}")
     return 0
 
 

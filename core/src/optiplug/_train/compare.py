@@ -1,4 +1,10 @@
-"""``--compare``: several optimizers trained on identical data, seed and schedule."""
+"""``--compare``: several optimizers trained on identical data, seed and schedule.
+
+With ``--seeds N`` (a race) each optimizer trains once per seed: seeds
+``s, s+1, ...`` after ``--seed s``, every optimizer on every seed, one seed
+after the other so that a slow spell of a shared machine falls on all of
+them alike.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +24,11 @@ from ..errors import (
 from .config import OptionError, TrainConfig
 from .data import Corpus, load_corpus
 from .loop import train
+from .race import summarize
 from .report import echo
-from .results import Skipped, TrainResult
+from .results import RaceResult, Skipped, TrainResult
 from .tune import run_hyperparameters
+from .variants import split_variant
 
 __all__ = [
     "availability",
@@ -28,15 +36,29 @@ __all__ = [
     "compare",
     "installed",
     "parse_compare",
+    "race",
     "unavailable",
 ]
 
 
 def _parse_item(item: str) -> tuple[str, float | None]:
-    """One ``NAME`` or ``NAME=LR`` of ``--compare``; the lr must be a positive finite number."""
-    name, _, lr = item.partition("=")
+    """One ``NAME``, ``NAME=LR``, ``NAME[KEY=VALUE;...]`` or ``NAME[...]=LR`` of ``--compare``.
+
+    The lr must be a positive finite number; a variant's bracket is checked
+    by :func:`split_variant`.
+    """
+    label, lr = item, ""
+    if "[" in item:
+        close = item.rfind("]")
+        label, tail = item[: close + 1], item[close + 1 :]
+        if close < 0 or (tail and not tail.startswith("=")):
+            raise OptionError("compare", item, ": expected NAME[KEY=VALUE;...] or NAME[...]=LR")
+        split_variant(label, item)
+        lr = tail[1:]
+    elif "=" in item:
+        label, _, lr = item.partition("=")
     if not lr:
-        return name.strip(), None
+        return label.strip(), None
     try:
         value = float(lr)
     except ValueError:
@@ -45,14 +67,30 @@ def _parse_item(item: str) -> tuple[str, float | None]:
         raise OptionError("compare", item, f": lr must be finite, got {value!r}")
     if value <= 0:
         raise OptionError("compare", item, f": lr must be positive, got {value!r}")
-    return name.strip(), value
+    return label.strip(), value
+
+
+def _items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and parentheses (a variant's values may hold some)."""
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        depth += (char in "[(") - (char in "])")
+        if char == "," and depth <= 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    return [*items, "".join(current)]
 
 
 def parse_compare(text: str) -> list[tuple[str, float | None]]:
     """Parse ``--compare adamw,lion=3e-4,sgd=0.1`` into ``(name, lr or None)`` pairs.
 
     Args:
-        text: comma-separated ``NAME`` or ``NAME=LR`` items.
+        text: comma-separated ``NAME`` or ``NAME=LR`` items; a ``NAME`` may be
+            a variant, ``NAME[KEY=VALUE;...]`` (see :func:`split_variant`).
 
     Returns:
         The pairs, in order.
@@ -61,7 +99,7 @@ def parse_compare(text: str) -> list[tuple[str, float | None]]:
         OptionError: an empty list, a repeated name, or an lr that is not a
             positive finite number (naming the item as typed).
     """
-    entries = [_parse_item(item) for item in filter(None, (p.strip() for p in text.split(",")))]
+    entries = [_parse_item(item) for item in filter(None, (p.strip() for p in _items(text)))]
     names = [name for name, _ in entries]
     if not entries or len(set(names)) != len(names):
         raise OptionError(
@@ -84,7 +122,11 @@ def check_installed(
         OptiplugError: naming each unknown optimizer, the closest installed
             name (did you mean) and what is installed.
     """
-    unknown = [name for name, _ in entries if unavailable(name, registry) == "not installed"]
+    unknown = [
+        split_variant(name)[0]
+        for name, _ in entries
+        if unavailable(name, registry) == "not installed"
+    ]
     if not unknown:
         return
     shown = []
@@ -110,7 +152,7 @@ def unavailable(name: str, registry: Registry) -> str | None:
     if name == "auto":
         return None
     try:
-        registry.spec(name)
+        registry.spec(split_variant(name)[0])
     except UnknownOptimizerError:
         return "not installed"
     except (OptimizerUnavailableError, OptiplugError) as error:
@@ -155,6 +197,7 @@ def compare(
     stream: IO[str] | None = None,
     quiet: bool = False,
     tuned: Mapping[str, Mapping[str, Any]] | None = None,
+    label: str = "",
 ) -> list[TrainResult | Skipped]:
     """Train each optimizer of ``entries`` on identical data, seed and schedule.
 
@@ -168,6 +211,7 @@ def compare(
         quiet: log lines instead of progress bars.
         tuned: ``{name: hyperparameters}`` found by ``--tune-lr`` (``lr`` and
             the recipe's others); they replace ``config.lr`` for that optimizer.
+        label: what follows the optimizer's name in its log lines (`` seed 1``).
 
     Returns:
         A :class:`TrainResult` per trained optimizer, a :class:`Skipped` per missing one.
@@ -185,12 +229,87 @@ def compare(
                 log(f"{name}: skipped, {reason} ({installed(registry)})")
             results.append(Skipped(name, reason))
             continue
-        run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)
+        algorithm, own = split_variant(name)
+        run = attrs.evolve(
+            config,
+            optimizer=algorithm,
+            lr=config.lr if lr is None else lr,
+            optimizer_params=config.optimizer_params + own,
+        )
         if tuned is not None and name in tuned:
             lr, params = run_hyperparameters(dict(tuned[name]))
             run = attrs.evolve(run, lr=lr, optimizer_params=params)
-        label = f"{name}: "
-        result = train(run, registry, corpus, log=log, stream=stream, quiet=quiet, label=label)
+        prefix = f"{name}{label}: "
+        result = train(run, registry, corpus, log=log, stream=stream, quiet=quiet, label=prefix)
         if result is not None:
-            results.append(result)
+            results.append(result if name == algorithm else attrs.evolve(result, optimizer=name))
     return results
+
+
+def race(
+    config: TrainConfig,
+    entries: Sequence[tuple[str, float | None]],
+    registry: Registry,
+    corpus: Corpus | None = None,
+    *,
+    seeds: int,
+    target: float | None,
+    log: Callable[[str], None] | None = echo,
+    stream: IO[str] | None = None,
+    quiet: bool = False,
+    tuned: Mapping[str, Mapping[str, Any]] | None = None,
+) -> RaceResult:
+    """Train each optimizer of ``entries`` once per seed, and measure the race.
+
+    Seeds ``config.seed``, ``config.seed + 1``, ... in turn; within a seed,
+    each optimizer on identical data, initial weights and schedule (as
+    :func:`compare`). A seed gives the same run every time.
+
+    Args:
+        config: the run every optimizer gets (its ``seed`` is the first seed).
+        entries: ``(name, lr)``, as :func:`compare` takes them.
+        registry: where the optimizers and the schedule are looked up.
+        corpus: the corpus, if already loaded.
+        seeds: how many seeds, >= 1.
+        target: the validation loss to reach, or None (final losses only).
+        log: where log lines go; None drops them.
+        stream: where the progress bars go.
+        quiet: log lines instead of progress bars.
+        tuned: ``{name: hyperparameters}`` found by ``--tune-lr``, used with every seed.
+
+    Returns:
+        The :class:`RaceResult`.
+
+    Raises:
+        OptionError: ``seeds`` below 1.
+        OptiplugError: none of the optimizers is installed.
+    """
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise OptionError("seeds", seeds, "must be an integer >= 1")
+    reasons = availability(entries, registry)
+    skipped = [Skipped(name, reason) for name, reason in reasons.items() if reason is not None]
+    for gone in skipped:
+        if log is not None:
+            log(f"{gone.name}: skipped, {gone.reason} ({installed(registry)})")
+    runnable = [(name, lr) for name, lr in entries if reasons[name] is None]
+    corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
+    chosen = [config.seed + index for index in range(seeds)]
+    runs: dict[str, list[TrainResult]] = {name: [] for name, _ in runnable}
+    for seed in chosen:
+        found = compare(
+            attrs.evolve(config, seed=seed),
+            runnable,
+            registry,
+            corpus,
+            log=log,
+            stream=stream,
+            quiet=quiet,
+            tuned=tuned,
+            label=f" seed {seed}",
+        )
+        for (name, _), result in zip(runnable, found, strict=True):
+            if isinstance(result, TrainResult):
+                runs[name].append(result)
+    return summarize(
+        runs, seeds=chosen, target=target, skipped=skipped, eval_every=config.eval_interval
+    )

@@ -156,6 +156,8 @@ class _Curves:
     train: list[tuple[int, float]] = attrs.Factory(list)
     val: list[tuple[int, float]] = attrs.Factory(list)
     saved_at: int | None = None
+    val_seconds: list[float] = attrs.Factory(list)
+    """Training seconds (evaluations left out) up to each point of ``val``."""
 
 
 class _Evaluator:
@@ -169,6 +171,12 @@ class _Evaluator:
         self.graph, self.config, self.active = graph, config, active
         self.val_rows = windows(corpus.val, config.block_size)
         self.curve_rows = spread(self.val_rows, config.eval_windows)
+        self.began = time.perf_counter()
+        self.evaluating = 0.0  # seconds spent in evaluations so far, not training
+
+    def start(self) -> None:
+        """The training clock starts now (the time to each point counts from here)."""
+        self.began, self.evaluating = time.perf_counter(), 0.0
 
     def due(self, step: int) -> bool:
         return self.active and (
@@ -176,7 +184,14 @@ class _Evaluator:
         )
 
     def point(self, step: int, curves: _Curves, progress: Progress) -> float:
-        loss = mean_loss(self.graph.module, self.curve_rows, self.graph.device)
+        entered = time.perf_counter()
+        self.graph.eval()  # a train/eval optimizer (schedule-free) evaluates its averaged point
+        try:
+            loss = mean_loss(self.graph.module, self.curve_rows, self.graph.device)
+        finally:
+            self.graph.train()
+        curves.val_seconds.append(entered - self.began - self.evaluating)
+        self.evaluating += time.perf_counter() - entered
         curves.val.append((step, loss))
         progress.evaluated(step, loss)
         return loss
@@ -368,7 +383,12 @@ def _announce(
 
 
 def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) -> dict[str, Any]:
-    """Final losses, the baseline and the sample (rank 0)."""
+    """Final losses, the baseline and the sample (rank 0), at the evaluation point.
+
+    A train/eval optimizer (schedule-free) is left in eval mode: the model
+    it leaves is its averaged point, the one to use.
+    """
+    graph.eval()
     val_rows = spread(windows(corpus.val, config.block_size), _FINAL_WINDOWS)
     train_rows = spread(windows(corpus.train, config.block_size), len(val_rows))
     prompt = _prompt(config, corpus)
@@ -389,6 +409,7 @@ def _finish(graph: Graph, config: TrainConfig, corpus: Corpus, curves: _Curves) 
         "baseline": unigram_entropy(corpus.train, len(corpus.vocab)),
         "curve": tuple(curves.train),
         "val_curve": tuple(curves.val),
+        "val_seconds": tuple(curves.val_seconds),
         "sample": corpus.decode(ids),
         "prompt": prompt,
         "saved": config.save,
@@ -463,6 +484,7 @@ def train(
         val_label=f"val({len(evaluator.curve_rows)}w)",
     )
     began = time.perf_counter()
+    evaluator.start()
     curves = _Curves()
     try:
         _loop(graph, config, corpus, evaluator, (progress, curves))

@@ -151,6 +151,20 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         help="train each optimizer (NAME or NAME=LR) on identical data and plot the losses",
     )
     output.add_argument(
+        "--seeds",
+        type=int,
+        metavar="N",
+        help="with --compare: race each optimizer over N seeds (--seed, --seed + 1, ...) and "
+        "report means, 95%% intervals and Welch's t-test against the first",
+    )
+    output.add_argument(
+        "--target-loss",
+        type=float,
+        metavar="LOSS",
+        help="with --compare: also report the steps and seconds each run took to reach this "
+        "validation loss",
+    )
+    output.add_argument(
         "--plot", metavar="PATH", help=f"--compare's plot (default: {DEFAULT_PLOT})"
     )
 

@@ -24,6 +24,7 @@ from ..cli.schedule import check_plot_path
 from ..errors import OptiplugError, closest_name
 from .config import OptionError, TrainConfig
 from .optim import make_schedule
+from .variants import split_variant
 
 __all__ = ["check_data_path", "check_implementation", "check_output_dir", "preflight"]
 
@@ -136,12 +137,13 @@ def check_implementation(registry: Registry, name: str, impl: str | None) -> Non
 
 
 def _check_optimizer(config: TrainConfig, registry: Registry, name: str, lr: float | None) -> None:
-    run = attrs.evolve(config, optimizer=name, lr=config.lr if lr is None else lr)  # checks lr
-    if name == "auto":
+    algorithm, own = split_variant(name)  # a variant's hyperparameters are checked with it
+    run = attrs.evolve(config, optimizer=algorithm, lr=config.lr if lr is None else lr)  # checks lr
+    if algorithm == "auto":
         return  # chosen once the model is built; checked then, before the first step
-    check_implementation(registry, name, run.impl)
-    overrides: dict[str, Any] = {} if run.lr is None else {"lr": run.lr}
-    registry.factory(name, impl=run.impl, **overrides)
+    check_implementation(registry, algorithm, run.impl)
+    overrides: dict[str, Any] = dict(own) if run.lr is None else {**dict(own), "lr": run.lr}
+    registry.factory(algorithm, impl=run.impl, **overrides)
 
 
 def preflight(

@@ -1,7 +1,7 @@
-"""What the user sees: the progress line, the report and comparison tables, the loss plot.
+"""What the user sees: the progress line, the report, comparison and race tables, the plots.
 
 Importing this module does not import torch; matplotlib (the ``plot`` extra)
-is imported only by :func:`plot_losses`.
+is imported only by :func:`plot_losses` and :func:`plot_race`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 from .._text import format_table
 from .config import TrainConfig
 from .cpus import ThreadChoice
-from .results import Skipped, TrainResult
+from .results import Estimate, RaceResult, RaceRow, Skipped, TrainResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -31,6 +31,9 @@ __all__ = [
     "format_hparams",
     "header",
     "plot_losses",
+    "plot_race",
+    "race_notes",
+    "race_table",
     "report",
     "run_header",
     "smooth",
@@ -329,6 +332,99 @@ def compare_table(results: Sequence[TrainResult | Skipped]) -> str:
     return format_table(header_row, rows)
 
 
+def _estimate_cell(value: Estimate, digits: str) -> str:
+    """``1.7744 ± 0.0032``: the mean and the interval's half-width (the mean alone for one seed)."""
+    mean = format(value.mean, digits)
+    return mean if math.isnan(value.half_width) else f"{mean} ± {value.half_width:{digits}}"
+
+
+def _target_cell(row: RaceRow, value: Estimate | None, digits: str) -> str:
+    if value is None:
+        return f"not reached ({row.missed} of {len(row.seeds)} seeds)"
+    return _estimate_cell(value, digits)
+
+
+def _p_cell(p: float | None) -> str:
+    return "-" if p is None else f"{p:.2g}"
+
+
+def _verdict(row: RaceRow, first: RaceRow, alpha: float) -> str:
+    """What a row's p-values say against the first row: ``lower val loss, fewer steps (p < 0.01)``."""
+    if len(row.seeds) < 2:
+        return "one seed: no test"
+    found = []
+    if row.p_val_loss is not None and row.p_val_loss < alpha:
+        found.append(
+            "lower val loss" if row.val_loss.mean < first.val_loss.mean else "higher val loss"
+        )
+    if row.p_steps is not None and row.p_steps < alpha and row.steps and first.steps:
+        found.append("fewer steps" if row.steps.mean < first.steps.mean else "more steps")
+    if not found:
+        return f"no significant difference from {first.optimizer}"
+    return f"{', '.join(found)} than {first.optimizer} (p < {alpha:g})"
+
+
+def race_table(race: RaceResult) -> str:
+    """One row per optimizer of a race: lr, steps and seconds to target, final loss, p-values.
+
+    Each figure is the mean over the seeds ± the half-width of its 95%
+    Student-t interval; a target some seed never reached reads
+    ``not reached (k of N seeds)``, k the seeds that missed it.
+
+    Args:
+        race: what the race measured.
+
+    Returns:
+        The table, as text.
+    """
+    targeted = race.target is not None
+    header_row = ["optimizer", "lr"]
+    if targeted:
+        header_row += ["steps to target", "seconds to target"]
+    header_row += ["val loss", "p (val loss)"] + (["p (steps)"] if targeted else []) + ["note"]
+    rows = []
+    for index, row in enumerate(race.rows):
+        cells = [row.optimizer, f"{row.lr:g}"]
+        if targeted:
+            cells += [_target_cell(row, row.steps, ".1f"), _target_cell(row, row.seconds, ".3g")]
+        cells += [_estimate_cell(row.val_loss, ".4f"), _p_cell(row.p_val_loss)]
+        cells += [_p_cell(row.p_steps)] if targeted else []
+        cells.append("reference" if index == 0 else _verdict(row, race.rows[0], race.alpha))
+        rows.append(cells)
+    for gone in race.skipped:
+        rows.append([gone.name, *["-"] * (len(header_row) - 2), f"skipped: {gone.reason}"])
+    return format_table(header_row, rows)
+
+
+def race_notes(race: RaceResult, config: TrainConfig) -> str:
+    """What the race table's figures are: seeds, intervals, the test, the target's resolution.
+
+    Args:
+        race: what the race measured.
+        config: the run every optimizer got.
+
+    Returns:
+        Lines of text.
+    """
+    seeds = ", ".join(str(seed) for seed in race.seeds)
+    reference = race.rows[0].optimizer if race.rows else "the first optimizer"
+    count = f"{len(race.seeds)} seed{'' if len(race.seeds) == 1 else 's'}"
+    lines = [
+        f"{count}: {seeds}; each figure is the mean ± the half-width of its "
+        f"95% Student-t interval over the seeds",
+        f"p: Welch's t-test, two-sided, against {reference} (final validation loss; steps to "
+        f"target when every seed of both reached it); significant below {race.alpha:g}",
+        "val loss: the final loss on the validation split (up to 4,096 windows, at the end)",
+    ]
+    if race.target is not None:
+        lines.append(
+            f"steps to target: the first validation point ({config.eval_windows} windows, every "
+            f"{race.eval_every} steps) at or below {race.target:g}; seconds: the run's time to "
+            f"that step"
+        )
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ plot
 def smooth(values: Sequence[float], weight: float = 0.9) -> list[float]:
     """Exponential moving average with bias correction (as TensorBoard draws it).
@@ -398,3 +494,40 @@ def _plot_run(axes: Axes, result: TrainResult, color: str) -> None:
         linewidth=1,
         label=f"{name} val",
     )
+
+
+def plot_race(race: RaceResult, path: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Plot every seed's validation curve (thin, one colour per optimizer) and the target.
+
+    Args:
+        race: what the race measured.
+        path: the image file; its suffix picks the format.
+        title: the figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    from matplotlib.figure import Figure  # deferred: optional dependency
+
+    figure = Figure(figsize=(7.5, 4.2), layout="constrained")
+    axes = figure.subplots()
+    for index, row in enumerate(race.rows):
+        label = f"{row.optimizer} (lr {row.lr:.3g}, {len(row.seeds)} seeds)"
+        for seed_index, curve in enumerate(row.val_curves):
+            steps, losses = zip(*curve, strict=True)
+            shown = label if seed_index == 0 else None  # one legend entry per optimizer
+            axes.plot(steps, losses, color=f"C{index}", linewidth=0.8, alpha=0.8, label=shown)
+    if race.target is not None:
+        axes.axhline(
+            race.target, color="0.2", linestyle="--", linewidth=1, label=f"target ({race.target:g})"
+        )
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("validation loss (nats per character)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    axes.set_title(title, fontsize=9)
+    figure.savefig(path, dpi=110)
+    return Path(path)

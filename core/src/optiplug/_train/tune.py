@@ -18,11 +18,13 @@ from .._auto.selection import AutoOptimizer
 from .._auto.tune import RANGE_SHARE, SHORT_RUNS
 from .._core.registry import Registry
 from .._core.selection import Selection
+from .._core.specs import Candidate
 from .config import TrainConfig
 from .data import Corpus, Windows, spread, windows
 from .loop import seeded_model
 from .model import next_token_loss
 from .options import DEFAULT_TUNE_BUDGET
+from .variants import as_candidate
 
 __all__ = [
     "DEFAULT_TUNE_BUDGET",
@@ -106,7 +108,7 @@ def tune_job(
     config: TrainConfig,
     corpus: Corpus,
     registry: Registry,
-    candidates: Sequence[str] | None = None,
+    candidates: Sequence[str | Candidate] | None = None,
     *,
     budget_steps: int = DEFAULT_TUNE_BUDGET,
 ) -> Selection:
@@ -155,6 +157,6 @@ def tune_lrs(
         ``{name: selection}``; ``selection.hparams`` holds the tuned learning rates.
     """
     return {
-        name: tune_job(config, corpus, registry, [name], budget_steps=budget_steps)
+        name: tune_job(config, corpus, registry, [as_candidate(name)], budget_steps=budget_steps)
         for name in names
     }

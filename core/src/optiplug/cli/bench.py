@@ -272,10 +272,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _clear_cache(*, json_output: bool) -> int:
     """Remove the autotune cache file and say so; 0."""
-    from .._core import autotune  # deferred: imports torch
+    from .._choice import cache  # deferred: imports torch
 
-    removed = autotune.clear_autotune_cache()
-    where = autotune.autotune_cache_path()
+    removed = cache.clear()
+    where = cache.path()
     if json_output:
         print(json.dumps({"cache": str(where), "removed": removed}))
     else:
@@ -480,14 +480,12 @@ def check_memory(
     """
     import torch  # deferred: imports torch
 
-    from .._core import autotune  # deferred: imports torch
+    from .._choice.timing import availability_reason  # deferred: imports torch
 
     itemsize = getattr(torch, DTYPES[dtype]).itemsize
     hparams = validated_hparams(spec, {**spec.example_hparams, **overrides})
     runnable = [
-        impl
-        for impl in registry.implementations(spec.name)
-        if autotune.availability_reason(impl) is None
+        impl for impl in registry.implementations(spec.name) if availability_reason(impl) is None
     ]
     needed = memory_needed(spec, hparams, parameters, itemsize, implementations=len(runnable))
     if device == "cuda":
@@ -576,14 +574,13 @@ def _pick(
     params: Sequence[torch.Tensor],
     hparams: Mapping[str, Any],
 ) -> str | None:
-    """What ``impl=None`` picks for these parameters: this process's choices are forgotten first.
+    """What ``impl=None`` picks for these parameters, by a fresh chooser (no choice kept in memory).
 
     The autotune cache file is read as ``impl=None`` reads it.
     """
-    from .._core import autotune  # deferred: imports torch
+    from .._choice.chooser import ImplementationChooser  # deferred: imports torch
 
-    autotune.clear_cache()
-    chosen = autotune.select(spec.name, candidates, None, params, hparams)
+    chosen = ImplementationChooser().select(spec.name, candidates, None, params, hparams)
     return None if chosen is None else chosen.name
 
 
@@ -675,9 +672,9 @@ def bench_algorithm(
 
 def _status(impl: ImplementationSpec, params: Sequence[torch.Tensor]) -> tuple[str, str]:
     """``("ok", "")``, or ``("unavailable" | "unsupported" | "failed", reason)``."""
-    from .._core import autotune  # deferred: imports torch
+    from .._choice.timing import availability_reason, tensor_kinds  # deferred: imports torch
 
-    reason = autotune.availability_reason(impl)
+    reason = availability_reason(impl)
     if reason is not None:
         return "unavailable", reason
     try:
@@ -685,7 +682,7 @@ def _status(impl: ImplementationSpec, params: Sequence[torch.Tensor]) -> tuple[s
     except Exception as error:
         return "failed", f"its supports check raised {type(error).__name__}: {error}"
     if not runs:
-        return "unsupported", f"does not support {autotune.tensor_kinds(params)} parameters"
+        return "unsupported", f"does not support {tensor_kinds(params)} parameters"
     return "ok", ""
 
 

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from .._auto.model_config import parse_parameter_count
-from .._core.registry import Registry
+from .._core.registry import Registry, qualified_name
 from .._core.specs import ImplementationSpec, OptimizerSpec, ProviderInfo, ScheduleSpec
 from .._state.memory import MemoryEstimate, estimate
 from .._text import format_table
-from ..errors import ModelConfigError, OptiplugError, UnknownOptimizerError
+from ..errors import (
+    ModelConfigError,
+    OptiplugError,
+    PluginConflictError,
+    UnknownOptimizerError,
+)
 from .schedule import parse_param
 
 __all__ = [
@@ -33,7 +38,7 @@ __all__ = [
     "unavailable_implementations",
 ]
 
-Listing = dict[str, list[dict[str, Any]]]
+Listing = dict[str, Any]
 """``{"optimizers", "schedules", "rules", "plugins"}``: lists of JSON-ready records."""
 
 _LIST_HEADER = ["kind", "name", "implementations", "plugin", "distribution", "version", "status"]
@@ -43,18 +48,23 @@ _LIST_HEADER = ["kind", "name", "implementations", "plugin", "distribution", "ve
 def configure_list(parser: argparse.ArgumentParser) -> None:
     """Add the ``list`` command's arguments to ``parser``."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--provider",
+        metavar="NAME",
+        help="only what this plugin or distribution provides (e.g. heavyball, optiplug-adamw)",
+    )
 
 
 def run_list(args: argparse.Namespace) -> int:
     """Print every optimizer, schedule, rule and plugin problem of ``args.registry``.
 
     Args:
-        args: the parsed arguments (``json``, ``registry``).
+        args: the parsed arguments (``json``, ``provider``, ``registry``).
 
     Returns:
         0.
     """
-    found = listing(args.registry)
+    found = listing(args.registry, provider=getattr(args, "provider", None))
     if args.json:
         print(json.dumps(found, indent=2, default=str))
         return 0
@@ -64,6 +74,12 @@ def run_list(args: argparse.Namespace) -> int:
         for item in found["optimizers"]
         for name, reason in item["unavailable"].items()
     ]
+    notes += [
+        f"limited: {item['name']}: {item['origin']['limitation']}"
+        for item in found["optimizers"]
+        if item["origin"] and item["origin"]["limitation"]
+    ]
+    notes += [_clash_note(name, clash) for name, clash in found["clashes"].items()]
     if notes:
         print("\n" + "\n".join(notes))
     for plugin in (p for p in found["plugins"] if p["status"] != "active"):
@@ -72,33 +88,82 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def listing(registry: Registry) -> Listing:
+def listing(registry: Registry, *, provider: str | None = None) -> Listing:
     """Everything ``registry`` provides, as JSON-ready records.
+
+    An optimizer whose plain name several plugins provide is listed under
+    the name that reaches it: the plain name for the native one that keeps
+    it, the qualified name (``plugin:name``) otherwise; ``clashes`` says who
+    provides each contested name.
 
     Args:
         registry: the registry to describe (its plugins are discovered first).
+        provider: only what this plugin or distribution provides; None for all.
 
     Returns:
-        The optimizers, schedules, selection rules and plugins.
+        The optimizers, schedules, selection rules, plugins and clashes.
     """
     plugins = [attrs.asdict(info) for info in registry.plugins()]
-    return {
-        "optimizers": [_optimizer_record(registry, spec) for spec in registry.optimizer_specs()],
+    clashes = registry.clashes()
+    optimizers = [_optimizer_record(registry, spec, clashes) for spec in registry.optimizer_specs()]
+    found: Listing = {
+        "optimizers": optimizers,
         "schedules": [_schedule_record(spec) for spec in registry.schedule_specs()],
         "rules": [_rule_record(p) for p in plugins if _has_active_rule(p)],
         "plugins": plugins,
+        "clashes": {name: _clash_record(registry, name, names) for name, names in clashes.items()},
     }
+    return found if provider is None else _only_from(found, provider)
 
 
-def _optimizer_record(registry: Registry, spec: OptimizerSpec) -> dict[str, Any]:
+def _only_from(found: Listing, provider: str) -> Listing:
+    """``found`` restricted to the records of plugin or distribution ``provider``."""
+
+    def mine(item: dict[str, Any]) -> bool:
+        return provider in (item.get("plugin"), item.get("distribution"), item.get("name"))
+
+    kept: Listing = {key: [item for item in found[key] if mine(item)] for key in _LISTED}
+    names = {item["name"].rpartition(":")[2] for item in kept["optimizers"]}
+    kept["clashes"] = {k: v for k, v in found["clashes"].items() if k in names}
+    return kept
+
+
+_LISTED = ("optimizers", "schedules", "rules", "plugins")
+
+
+def _optimizer_record(
+    registry: Registry, spec: OptimizerSpec, clashes: Mapping[str, Sequence[str]]
+) -> dict[str, Any]:
     return {
-        "name": spec.name,
+        "name": registry.name_of(spec),
+        "qualified_name": qualified_name(spec),
         "aliases": list(spec.aliases),
         "implementations": _implementation_names(registry, spec),
         "unavailable": unavailable_implementations(registry, spec),
         **_provider_fields(spec),
+        "origin": attrs.asdict(spec.origin) if spec.origin is not None else None,
+        "contested": spec.name in clashes,
         "summary": spec.summary,
     }
+
+
+def _clash_record(registry: Registry, name: str, qualified: Sequence[str]) -> dict[str, Any]:
+    try:
+        winner: str | None = qualified_name(registry.spec(name))
+    except PluginConflictError:
+        winner = None
+    return {"providers": list(qualified), "plain_name_resolves_to": winner}
+
+
+def _clash_note(name: str, clash: Mapping[str, Any]) -> str:
+    """``clash: 'adamw' is provided by ...; the plain name resolves to ...``."""
+    winner = clash["plain_name_resolves_to"]
+    resolves = (
+        f"the plain name is the native {winner}"
+        if winner is not None
+        else "the plain name resolves to none of them: use a qualified name"
+    )
+    return f"clash: {name!r} is provided as {', '.join(clash['providers'])}; {resolves}"
 
 
 def _schedule_record(spec: ScheduleSpec) -> dict[str, Any]:
@@ -200,7 +265,8 @@ def _list_rows(found: Listing) -> list[list[str]]:
                 or "-"
             )
             origin = [item["plugin"], item["distribution"], item["version"]]
-            rows.append([kind, item["name"], impls, *origin, "active"])
+            limited = (item.get("origin") or {}).get("limitation")
+            rows.append([kind, item["name"], impls, *origin, "limited" if limited else "active"])
     for plugin in found["plugins"]:
         if plugin["status"] != "active":
             origin = [plugin["name"], plugin["distribution"], plugin["version"]]
@@ -378,9 +444,10 @@ def show_optimizer(registry: Registry, spec: OptimizerSpec) -> str:
     Returns:
         The description, as lines of text.
     """
-    lines = [f"{spec.name} - {spec.summary}", f"provider: {spec.provider}"]
+    lines = [f"{registry.name_of(spec)} - {spec.summary}", f"provider: {spec.provider}"]
     if spec.aliases:
         lines.append(f"aliases: {', '.join(spec.aliases)}")
+    lines += _origin_lines(spec)
     lines.append(f"implementations: {_implementations_line(registry, spec)}")
     rows = [[h.name, repr(h.default), h.constraint or "-"] for h in spec.hyperparameters]
     lines += [
@@ -392,6 +459,29 @@ def show_optimizer(registry: Registry, spec: OptimizerSpec) -> str:
     if spec.description and spec.description.strip() != spec.summary:
         lines += ["", spec.description.strip()]
     return "\n".join(lines)
+
+
+def _origin_lines(spec: OptimizerSpec) -> list[str]:
+    """Where a bridged algorithm comes from, and what else the checks need to know of it."""
+    lines = []
+    origin = spec.origin
+    if origin is not None:
+        version = f" {origin.version}" if origin.version else ""
+        lines.append(f"bridged from: {origin.library}{version} ({origin.target or '?'})")
+        if origin.paper:
+            lines.append(f"paper: {origin.paper}")
+        if origin.limitation:
+            lines.append(f"limited: {origin.limitation}")
+    if spec.train_eval:
+        lines.append(
+            "lifecycle: call optimizer.train() before steps, optimizer.eval() before evaluating"
+        )
+    if spec.group_state:
+        lines.append(f"group state (running, not hyperparameters): {', '.join(spec.group_state)}")
+    if spec.example_shape is not None or spec.example_dtype is not None:
+        shape = "x".join(map(str, spec.example_shape or (4, 4)))
+        lines.append(f"checked on: a {shape} {spec.example_dtype or 'float64'} parameter")
+    return lines
 
 
 def _state_slots(spec: OptimizerSpec) -> str:

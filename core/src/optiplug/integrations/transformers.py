@@ -38,40 +38,200 @@ from .._core.registry import Registry
 from ..errors import HyperparameterError, UnknownOptimizerError
 
 __all__ = [
+    "HF_OPTIMIZERS",
     "HF_OPTIM_NAMES",
+    "HFOptim",
+    "HFRoute",
     "TrainerOptimizer",
     "decay_parameter_names",
     "from_training_args",
     "optimizer_cls_and_kwargs",
 ]
 
-HF_OPTIM_NAMES: Mapping[str, tuple[str, str | None]] = {
-    "adamw_torch": ("adamw", None),
-    "adamw_torch_fused": ("adamw", "fused"),
-    "sgd": ("sgd", None),
-    "lion_32bit": ("lion", None),
-    "lion_8bit": ("lion", None),
-    "paged_lion_32bit": ("lion", None),
-    "paged_lion_8bit": ("lion", None),
-    "adamw_8bit": ("adamw", None),
-    "adamw_bnb_8bit": ("adamw", None),
-    "paged_adamw_32bit": ("adamw", None),
-    "paged_adamw_8bit": ("adamw", None),
-}
-"""``TrainingArguments.optim`` -> (optiplug algorithm, forced implementation or None).
 
-The bitsandbytes names (``*_8bit``, ``paged_*``) map to the plain algorithm,
-with a warning: optiplug keeps optimizer state in 32 bits (the parameters'
-dtype), unpaged.
+@attrs.frozen
+class HFRoute:
+    """One way optiplug can serve a ``TrainingArguments.optim`` name.
+
+    Attributes:
+        name: the optiplug algorithm (qualified, ``plugin:name``, for a bridge's).
+        impl: the implementation to force, or None to choose.
+        caveat: how it differs from what the name means in transformers
+            (said in a warning when this route is taken); "" when it is the same.
+    """
+
+    name: str
+    impl: str | None = None
+    caveat: str = ""
+
+
+@attrs.frozen
+class HFOptim:
+    """How optiplug serves one ``TrainingArguments.optim`` name.
+
+    Attributes:
+        routes: the ways to serve it, best first; the first whose algorithm
+            is installed is taken.
+        served_by: the distributions that provide those algorithms, named
+            in the error when none is installed.
+        reason: why no optiplug plugin serves it (when ``routes`` is empty).
+    """
+
+    routes: tuple[HFRoute, ...] = ()
+    served_by: tuple[str, ...] = ()
+    reason: str = ""
+
+
+_STATE_32 = "optiplug keeps this optimizer's state in 32 bits, not bitsandbytes' 8-bit state"
+_UNPAGED = "optiplug's state is not paged to host memory"
+_TORCHAO = "optiplug-torchao"
+_PTO = "optiplug-pytorch-optimizer"
+_SF = "optiplug-schedulefree"
+
+
+def _served(*routes: HFRoute, by: tuple[str, ...] = ()) -> HFOptim:
+    return HFOptim(routes=routes, served_by=by)
+
+
+def _unserved(reason: str) -> HFOptim:
+    return HFOptim(reason=reason)
+
+
+HF_OPTIMIZERS: Mapping[str, HFOptim] = {
+    "adamw_torch": _served(HFRoute("adamw")),
+    "adamw_torch_fused": _served(HFRoute("adamw", "fused")),
+    "adamw_torch_xla": _unserved("it runs on XLA devices; optiplug runs on CPUs and CUDA"),
+    "adamw_torch_npu_fused": _unserved("it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
+    "adafactor": _served(HFRoute("pytorch_optimizer:adafactor"), by=(_PTO,)),
+    "adamw_anyprecision": _unserved(
+        "no plugin provides torchdistx's AnyPrecisionAdamW (Kahan-summed low-precision state)"
+    ),
+    "adamw_torch_4bit": _served(HFRoute("torchao:adamw4bit"), by=(_TORCHAO,)),
+    "adamw_torch_8bit": _served(HFRoute("torchao:adamw8bit"), by=(_TORCHAO,)),
+    "ademamix": _served(HFRoute("pytorch_optimizer:ademamix"), by=(_PTO,)),
+    "sgd": _served(HFRoute("sgd")),
+    "adagrad": _unserved("no plugin registers Adagrad"),
+    "adamw_bnb_8bit": _served(
+        HFRoute("torchao:adamw8bit", caveat="torchao's blockwise 8-bit state, not bitsandbytes'"),
+        HFRoute("adamw", caveat=_STATE_32),
+        by=(_TORCHAO,),
+    ),
+    "adamw_8bit": _served(
+        HFRoute("torchao:adamw8bit", caveat="torchao's blockwise 8-bit state, not bitsandbytes'"),
+        HFRoute("adamw", caveat=_STATE_32),
+        by=(_TORCHAO,),
+    ),
+    "ademamix_8bit": _served(HFRoute("pytorch_optimizer:ademamix", caveat=_STATE_32), by=(_PTO,)),
+    "lion_8bit": _served(HFRoute("lion", caveat=_STATE_32)),
+    "lion_32bit": _served(HFRoute("lion")),
+    "paged_adamw_32bit": _served(HFRoute("adamw", caveat=_UNPAGED)),
+    "paged_adamw_8bit": _served(
+        HFRoute("torchao:adamw8bit", caveat=_UNPAGED),
+        HFRoute("adamw", caveat=f"{_STATE_32}; {_UNPAGED}"),
+        by=(_TORCHAO,),
+    ),
+    "paged_ademamix_32bit": _served(
+        HFRoute("pytorch_optimizer:ademamix", caveat=_UNPAGED), by=(_PTO,)
+    ),
+    "paged_ademamix_8bit": _served(
+        HFRoute("pytorch_optimizer:ademamix", caveat=f"{_STATE_32}; {_UNPAGED}"), by=(_PTO,)
+    ),
+    "paged_lion_32bit": _served(HFRoute("lion", caveat=_UNPAGED)),
+    "paged_lion_8bit": _served(HFRoute("lion", caveat=f"{_STATE_32}; {_UNPAGED}")),
+    "rmsprop": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
+    "rmsprop_bnb": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
+    "rmsprop_bnb_8bit": _served(HFRoute("pytorch_optimizer:rmsprop", caveat=_STATE_32), by=(_PTO,)),
+    "rmsprop_bnb_32bit": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
+    "galore_adamw": _served(
+        HFRoute(
+            "pytorch_optimizer:galore",
+            caveat="GaLore's projection settings (rank, update_proj_gap, scale) come from "
+            "from_training_args() keywords, not optim_target_modules",
+        ),
+        by=(_PTO,),
+    ),
+    "galore_adamw_8bit": _unserved("no plugin provides GaLore with 8-bit state"),
+    "galore_adafactor": _unserved("no plugin provides GaLore over Adafactor"),
+    "galore_adamw_layerwise": _unserved(
+        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
+    ),
+    "galore_adamw_8bit_layerwise": _unserved(
+        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
+    ),
+    "galore_adafactor_layerwise": _unserved(
+        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
+    ),
+    "lomo": _served(HFRoute("pytorch_optimizer:lomo"), by=(_PTO,)),
+    "adalomo": _served(HFRoute("pytorch_optimizer:adalomo"), by=(_PTO,)),
+    "grokadamw": _unserved("no plugin provides GrokAdamW (the grokadamw package)"),
+    "schedule_free_radam": _served(
+        HFRoute("schedulefree:radam_schedulefree"),
+        HFRoute("pytorch_optimizer:schedulefreeradam"),
+        by=(_SF, _PTO),
+    ),
+    "schedule_free_adamw": _served(
+        HFRoute("schedulefree:adamw_schedulefree"),
+        HFRoute("pytorch_optimizer:schedulefreeadamw"),
+        by=(_SF, _PTO),
+    ),
+    "schedule_free_sgd": _served(
+        HFRoute("schedulefree:sgd_schedulefree"),
+        HFRoute("pytorch_optimizer:schedulefreesgd"),
+        by=(_SF, _PTO),
+    ),
+    "apollo_adamw": _unserved("no plugin provides APOLLO (the apollo-torch package)"),
+    "apollo_adamw_layerwise": _unserved(
+        "layer-wise APOLLO steps inside the backward pass, which the Trainer drives itself"
+    ),
+    "stable_adamw": _served(HFRoute("pytorch_optimizer:stableadamw"), by=(_PTO,)),
+}
+"""Every ``TrainingArguments.optim`` name of transformers -> how optiplug serves it.
+
+A name is served by the first of its routes whose algorithm is installed
+(first-party first, then the bridges: ``optiplug-torchao`` for the 8- and
+4-bit AdamW, ``optiplug-pytorch-optimizer`` for Adafactor, AdEMAMix, RMSprop,
+GaLore, LOMO and StableAdamW, ``optiplug-schedulefree`` for the schedule-free
+ones); a route with a caveat (32-bit state for a bitsandbytes name, no
+paging) warns when taken. A name none serves raises an error that names the
+distribution to install, or says why no plugin serves it.
 """
 
-_UNSUPPORTED: Mapping[str, str] = {
-    "adafactor": "optiplug has no Adafactor; use optim='adamw_torch' or an optiplug "
-    "algorithm through optimizer_cls_and_kwargs()",
+HF_OPTIM_NAMES: Mapping[str, tuple[str, str | None]] = {
+    optim: (entry.routes[0].name, entry.routes[0].impl)
+    for optim, entry in HF_OPTIMIZERS.items()
+    if entry.routes
 }
+"""``TrainingArguments.optim`` -> (its preferred optiplug algorithm, forced implementation or None)."""
 
 _NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
 """Parameter names (lower-cased) the Trainer exempts from weight decay."""
+
+
+def _route(optim: str, registry: Registry) -> HFRoute:
+    """The first route of ``optim`` whose algorithm ``registry`` has.
+
+    Raises:
+        UnknownOptimizerError: ``optim`` is unknown, or none of its routes is
+            installed (the message names the distributions that serve it),
+            or no plugin serves it (the message says why).
+    """
+    entry = HF_OPTIMIZERS.get(optim)
+    if entry is not None:
+        for route in entry.routes:
+            if registry.has(route.name):
+                return route
+    if entry is None:
+        note = "transformers has no such name."
+    elif entry.routes:
+        note = f"install {' or '.join(entry.served_by)}, whose plugin serves it."
+    else:
+        note = f"no optiplug plugin serves it: {entry.reason}."
+    served = [
+        name for name, e in HF_OPTIMIZERS.items() if any(registry.has(r.name) for r in e.routes)
+    ]
+    error = UnknownOptimizerError(optim, served, [note])
+    error.message = f"TrainingArguments.optim={optim!r} is not supported: " + error.message
+    raise error
 
 
 def decay_parameter_names(model: nn.Module) -> set[str]:
@@ -208,11 +368,6 @@ def from_training_args(
             ``overrides`` instead), or a bad hyperparameter.
     """
     optim = str(getattr(args.optim, "value", args.optim))
-    if optim not in HF_OPTIM_NAMES:
-        notes = [_UNSUPPORTED.get(optim, "optiplug has no counterpart for it.")]
-        error = UnknownOptimizerError(optim, list(HF_OPTIM_NAMES), notes)
-        error.message = f"TrainingArguments.optim={optim!r} is not supported: " + error.message
-        raise error
     if args.optim_args:
         raise HyperparameterError(
             "optim_args",
@@ -220,21 +375,23 @@ def from_training_args(
             "TrainingArguments.optim_args is not read by optiplug: pass those "
             "hyperparameters as keywords to from_training_args()",
         )
-    name, impl = HF_OPTIM_NAMES[optim]
-    if "8bit" in optim or optim.startswith("paged_"):
-        warnings.warn(
-            f"TrainingArguments.optim={optim!r}: optiplug's {name} keeps its state in 32 bits "
-            "(the parameters' dtype), unpaged; bitsandbytes' 8-bit/paged state is not used",
-            UserWarning,
-            stacklevel=2,
-        )
     found = registry if registry is not None else _api.default_registry()
+    route = _route(optim, found)
+    name, impl = route.name, route.impl
+    if route.caveat:
+        warnings.warn(
+            f"TrainingArguments.optim={optim!r}: {route.caveat}", UserWarning, stacklevel=2
+        )
     offered = {
         "lr": args.learning_rate,
         "weight_decay": args.weight_decay,
         "betas": (args.adam_beta1, args.adam_beta2),
         "eps": args.adam_epsilon,
     }
-    accepted = {h.name for h in found.spec(name).hyperparameters}
+    spec = found.spec(name)
+    accepted = {h.name: h for h in spec.hyperparameters}
     hparams = {key: value for key, value in offered.items() if key in accepted}
+    betas = accepted.get("betas")
+    if betas is not None and isinstance(betas.default, tuple) and len(betas.default) != 2:
+        hparams.pop("betas", None)  # AdEMAMix's three betas: the Trainer's two do not fit
     return optimizer_cls_and_kwargs(name, impl=impl, registry=found, **{**hparams, **overrides})

@@ -32,8 +32,11 @@ All arithmetic is fp32 (the parameter is loaded in its dtype and converted),
 with IEEE round-to-nearest divisions and square roots (``tl.div_rn``,
 ``tl.sqrt_rn``: triton's ``/`` and ``tl.sqrt`` are approximate on a GPU,
 torch's kernels are not);
-the bias corrections of Adam are computed in fp64 from the step count. The
-state tensors are fp32.
+the bias corrections of Adam, ``1 - beta**step``, are computed as
+``1 - exp(step * ln(beta))`` in fp64 from the fp32 step count, with ``ln(beta)``
+passed as an fp32 scalar (triton's float arguments are fp32): its rounding
+(at most 2**-24 relative, about 6e-8) bounds the relative error of
+``step * ln(beta)``. The state tensors are fp32.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from optiplug.errors import HyperparameterError
+
 __all__ = [
     "BLOCK",
+    "BLOCKS",
     "COL_FLAG",
     "COL_GRAD",
     "COL_NUMEL",
@@ -56,7 +62,12 @@ __all__ = [
     "NUM_WARPS",
     "ROW",
     "STEP_BLOCK",
+    "WARPS",
+    "has_launch_config",
     "kernel",
+    "launch_config",
+    "reset_launch_config",
+    "set_launch_config",
 ]
 
 ROW = 8
@@ -70,11 +81,89 @@ exp_avg_sq, max_exp_avg_sq, step; SGD: momentum_buffer; Lion: exp_avg)."""
 COL_FLAG = 7
 """SGD: 1 until the momentum buffer has been initialised from the gradient."""
 
-BLOCK = 4096
-"""Elements per program: 16 per thread with 8 warps, loaded as 16-byte vectors."""
+BLOCK = 2048
+"""Default elements per program: 8 per thread with 8 warps, loaded as 16-byte vectors.
+
+The default of a device without a measured choice (:func:`set_launch_config`,
+:func:`optiplug_fused.tuning.sweep`). Compiled for sm_90a, 4096 elements per
+8 warps need about twice the registers per thread of 2048 (16 elements each,
+held at once), which halves the blocks an SM can hold; 2048 keeps four.
+"""
 NUM_WARPS = 8
+"""Default warps per program."""
 STEP_BLOCK = 1024
 """Tensors per program of the step-counter kernel."""
+BLOCKS = (512, 1024, 2048, 4096, 8192)
+"""Accepted elements per program (a power of two: ``tl.arange`` needs one)."""
+WARPS = (1, 2, 4, 8, 16)
+"""Accepted warps per program."""
+
+_launch_configs: dict[str, tuple[int, int]] = {}
+
+
+def _device_key(device: Any) -> str:
+    """``"cuda:0"``-style key of a device (the current CUDA device for a bare ``"cuda"``)."""
+    import torch  # deferred: imports torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def launch_config(device: Any) -> tuple[int, int]:
+    """``(BLOCK, num_warps)`` for tables built from now on for ``device``.
+
+    Args:
+        device: a ``torch.device`` or its name.
+
+    Returns:
+        The choice set by :func:`set_launch_config` for this device, else
+        ``(BLOCK, NUM_WARPS)``.
+    """
+    return _launch_configs.get(_device_key(device), (BLOCK, NUM_WARPS))
+
+
+def has_launch_config(device: Any) -> bool:
+    """Whether :func:`set_launch_config` chose ``device``'s configuration.
+
+    Args:
+        device: a ``torch.device`` or its name.
+
+    Returns:
+        False when ``device`` uses the defaults.
+    """
+    return _device_key(device) in _launch_configs
+
+
+def set_launch_config(device: Any, block: int, num_warps: int) -> None:
+    """Use ``(block, num_warps)`` for the tables built from now on for ``device``.
+
+    Tables already built keep theirs until rebuilt (``optimizer.refresh()``).
+
+    Args:
+        device: a ``torch.device`` or its name.
+        block: elements per program, one of :data:`BLOCKS`.
+        num_warps: warps per program, one of :data:`WARPS`.
+
+    Raises:
+        HyperparameterError: ``block`` or ``num_warps`` is not an accepted
+            value (naming it).
+    """
+    if block not in BLOCKS or isinstance(block, bool):
+        raise HyperparameterError("block", block, f"must be one of {BLOCKS}")
+    if num_warps not in WARPS or isinstance(num_warps, bool):
+        raise HyperparameterError("num_warps", num_warps, f"must be one of {WARPS}")
+    _launch_configs[_device_key(device)] = (block, num_warps)
+
+
+def reset_launch_config(device: Any) -> None:
+    """Forget ``device``'s choice: tables built from now on use the defaults.
+
+    Args:
+        device: a ``torch.device`` or its name.
+    """
+    _launch_configs.pop(_device_key(device), None)
 
 
 # The kernels below are compiled by triton (or run by its interpreter), never

@@ -10,26 +10,34 @@ parameter's device.
 Per param group, the tensors are split into buckets of one (device, dtype,
 16-byte alignment); each bucket's pointer table (:mod:`optiplug_fused.kernels`)
 is built on the first step and kept. A step first checks, in C-level passes
-over the group (``param.grad`` of each, then an identity comparison), that
-every parameter and gradient is the tensor object the table was built from:
-then it launches at once, with no per-tensor Python work (gradients kept
-between steps, ``zero_grad(set_to_none=False)``). New gradient tensors of
-the same parameters (torch's default ``zero_grad`` sets them to None and
-backward recreates them) only repoint the table's gradient column: their
-addresses are read, and copied to the device when they moved. A parameter
-gaining or losing its gradient, ``add_param_group`` and ``load_state_dict``
-rebuild the table. Before any table is rebuilt, every parameter and gradient
-of every group to rebuild is checked (dense, float32/bfloat16/float16, the
-parameter's device and shape): a step refused for one of them creates no
-state and moves no parameter, in any group. Replacing a parameter's or a state tensor's storage in
-place (``param.data = ...``) is not detected: call :meth:`refresh` after
-doing so.
+over the group, that every parameter is the object, with the storage
+address, the table was built from, that the settings deciding the table's
+columns (:meth:`TritonOptimizer._column_key`) are unchanged, and that every
+gradient is the object last seen (held by weak reference: gradients are
+never kept alive); then it launches at once, each bucket with its device
+made current. New gradient tensors of the same parameters (torch's default
+``zero_grad`` sets them to None and backward recreates them) only repoint
+the table's gradient column: their addresses are written into the bucket's
+pinned host buffer and copied to the device asynchronously, when they
+moved. Gradients with their parameter's strides (``channels_last`` ones
+included) take the row as they are. A parameter gaining or losing its
+gradient, ``add_param_group``, ``load_state_dict`` and ``param.data = ...``
+rebuild the table, into the old table's device memory when the size is the
+same (a captured CUDA graph stays valid). Before any table is rebuilt, every
+parameter and gradient of every group to rebuild is checked (dense,
+float32/bfloat16/float16, the parameter's device and shape, no storage
+shared between parameters): a step refused for one of them creates no state
+and moves no parameter, in any group. Replacing a state tensor is not
+detected: call :meth:`TritonOptimizer.refresh` after doing so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import operator
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,18 +57,36 @@ __all__ = ["TritonAdam", "TritonAdamW", "TritonLion", "TritonOptimizer", "Triton
 
 _UNSET: Any = object()
 _GRAD = operator.attrgetter("grad")
+_DTYPE = operator.attrgetter("dtype")
+_DEVICE = operator.attrgetter("device")
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class _Gone:
+    """An object that no longer exists: its weak reference stands for a missing gradient."""
+
+
+_NO_GRAD = weakref.ref(_Gone())
+_DEREF = weakref.ReferenceType.__call__
 
 
 @dataclass
 class _Bucket:
-    """The tensors of one group on one device with one dtype and alignment, and their table."""
+    """The tensors of one group on one device with one dtype and alignment, and their table.
+
+    Gradients are referred to by address only (never kept alive). The
+    gradient column is repointed from ``staging``, a host buffer owned by the
+    bucket (pinned for a CUDA bucket, so the copy is asynchronous): it is
+    rewritten only once the previous copy from it has completed (``copied``),
+    and never again once a repoint was captured in a CUDA graph (replays copy
+    from it): a later repoint takes a new buffer.
+    """
 
     device: torch.device
     dtype: torch.dtype
     aligned: bool
-    contiguous: bool
-    """Every parameter is contiguous (a contiguous gradient then has its layout)."""
+    strides: list[tuple[int, ...]]
+    """Each row's parameter strides: a gradient with these takes the row as it is."""
     rows: Tensor
     blocks: Tensor
     count: int
@@ -69,35 +95,74 @@ class _Bucket:
     indices: list[int]
     """Position in the group's ``params`` of each row."""
     grad_ptrs: list[int]
+    block: int
+    num_warps: int
+    seed: int
+    """The stochastic-rounding seed of this bucket (mixes in the bucket's position)."""
     keep: list[Tensor] = field(default_factory=list)
     """Every tensor but the gradients whose address is in the table, kept alive with it."""
-    grads: list[Tensor] = field(default_factory=list)
+    staging: Tensor | None = None
+    copied: Any = None
+    """A CUDA event recorded after the last copy from ``staging``, or None."""
+    captured: bool = False
+    graphed: bool = False
+    """A repoint was captured: replays rewrite the column, so eager steps always repoint."""
+    retired: list[Tensor] = field(default_factory=list)
+    """Staging buffers a captured graph copies from: kept alive, never rewritten."""
 
     def new_grad_ptrs(self, grads: list[Tensor | None]) -> list[int] | None:
         """The addresses of ``grads`` for this bucket's rows; None if one cannot take its row."""
-        new = [grads[i] for i in self.indices]
-        if any(g is None for g in new) or not self.contiguous:
+        new = list(map(grads.__getitem__, self.indices))
+        if _present(new) != len(new):
             return None
         present: list[Tensor] = new  # type: ignore[assignment]  # no None, checked above
-        if any(g.dtype != self.dtype or g.device != self.device for g in present):
+        if set(map(_DTYPE, present)) != {self.dtype} or set(map(_DEVICE, present)) != {self.device}:
             return None  # a rebuild checks it, or copies it to the parameter's dtype
         try:
-            if not all(map(Tensor.is_contiguous, present)):
-                return None
-        except RuntimeError:  # sparse gradients have no contiguity
+            strides = list(map(Tensor.stride, present))
+        except RuntimeError:  # sparse gradients have no strides
             return None
+        if strides != self.strides and not all(
+            s == own or g.numel() <= 1
+            for g, s, own in zip(present, strides, self.strides, strict=True)
+        ):
+            return None  # another layout than the parameter's: a rebuild copies it
         ptrs = list(map(Tensor.data_ptr, present))
-        if self.aligned and any(ptr & 15 for ptr in ptrs):
+        if self.aligned and any(map((15).__and__, ptrs)):
             return None
         return ptrs
 
-    def set_grads(self, grads: list[Tensor | None], ptrs: list[int]) -> None:
-        """Point the gradient column at ``grads`` (one small host-to-device copy if moved)."""
-        self.grads = [grads[i] for i in self.indices]  # type: ignore[misc]
-        if ptrs != self.grad_ptrs:
-            column = torch.tensor(ptrs, dtype=torch.int64)
-            self.rows[:, kernels.COL_GRAD].copy_(column)
-            self.grad_ptrs = ptrs
+    def set_grad_ptrs(self, ptrs: list[int], force: bool = False) -> None:
+        """Point the gradient column at ``ptrs``: an asynchronous copy, when they moved or forced."""
+        if ptrs == self.grad_ptrs and not force:
+            return
+        with _device_guard(self.device):  # the event and the capture check: this device's
+            self._copy_grad_ptrs(ptrs)
+        self.grad_ptrs = ptrs
+
+    def _copy_grad_ptrs(self, ptrs: list[int]) -> None:
+        """Write ``ptrs`` into the staging buffer, then copy it into the gradient column."""
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        staging = self._staging(capturing)
+        staging.copy_(torch.tensor(ptrs, dtype=torch.int64))
+        self.rows[:, kernels.COL_GRAD].copy_(staging, non_blocking=True)
+        if capturing:
+            self.captured = self.graphed = True  # replays copy from this buffer: never rewritten
+        elif self.device.type == "cuda":
+            if self.copied is None:
+                self.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.copied.record()
+
+    def _staging(self, capturing: bool) -> Tensor:
+        """The host buffer to repoint from, free to be rewritten."""
+        if self.staging is None or self.captured:
+            if self.staging is not None:
+                self.retired.append(self.staging)
+            self.staging = _staging_buffer(self.device, self.count)
+            self.copied, self.captured = None, False
+        elif self.copied is not None and not capturing and not self.copied.query():
+            self.copied.synchronize()  # the previous step's copy (long done in practice)
+        return self.staging
 
 
 @dataclass
@@ -114,30 +179,42 @@ class _Member:
 
 @dataclass
 class _Plan:
-    """One param group's buckets and what they were built from."""
+    """One param group's buckets and what they were built from (gradients by weak reference)."""
 
     params: list[Tensor]
-    grads: list[Tensor | None]
+    param_ptrs: list[int]
+    grad_refs: tuple[list[weakref.ReferenceType[Any]], _Watch]
+    """Weak references to the gradients last seen, and what notices one dying."""
     buckets: list[_Bucket]
     volatile: bool
     with_grad: int
     """How many parameters had a gradient."""
+    columns: tuple[Any, ...]
+    """What decides the table's columns (:meth:`TritonOptimizer._column_key`)."""
 
-    def same_params(self, params: list[Tensor]) -> bool:
-        """Whether ``params`` are the very objects the table was built from."""
+    def same_params(self, params: list[Tensor], columns: tuple[Any, ...]) -> bool:
+        """Whether ``params`` are the objects and storages the table was built from."""
         return (
             not self.volatile
+            and columns == self.columns
             and len(params) == len(self.params)
             and all(map(operator.is_, params, self.params))
+            and list(map(Tensor.data_ptr, params)) == self.param_ptrs
         )
 
     def same_grads(self, grads: list[Tensor | None]) -> bool:
         """Whether ``grads`` are the very objects the table was built from."""
-        return all(map(operator.is_, grads, self.grads))
+        refs, watch = self.grad_refs
+        return not watch.dead and all(map(operator.is_, grads, map(_DEREF, refs)))
 
-    def refresh_grads(self, grads: list[Tensor | None]) -> bool:
+    @property
+    def graphed(self) -> bool:
+        """A CUDA graph captured a repoint of this table (replays rewrite its gradient column)."""
+        return any(bucket.graphed for bucket in self.buckets)
+
+    def refresh_grads(self, grads: list[Tensor | None], force: bool = False) -> bool:
         """Take new gradient tensors of the same parameters; False when a rebuild is needed."""
-        if len(grads) - grads.count(None) != self.with_grad:
+        if _present(grads) != self.with_grad:
             return False
         updates = []
         for bucket in self.buckets:
@@ -146,9 +223,35 @@ class _Plan:
                 return False
             updates.append(ptrs)
         for bucket, ptrs in zip(self.buckets, updates, strict=True):
-            bucket.set_grads(grads, ptrs)
-        self.grads = grads
+            bucket.set_grad_ptrs(ptrs, force)
+        self.grad_refs = _weak(grads)
         return True
+
+
+def _present(grads: list[Tensor | None]) -> int:
+    """How many of ``grads`` are tensors (by identity: ``list.count`` calls ``Tensor.__eq__``)."""
+    return len(grads) - sum(map(operator.is_, grads, itertools.repeat(None)))
+
+
+class _Watch:
+    """Called back when a watched gradient dies: the table may point at freed memory."""
+
+    __slots__ = ("dead",)
+
+    def __init__(self) -> None:
+        self.dead = False
+
+    def __call__(self, _: Any) -> None:
+        self.dead = True
+
+
+def _weak(grads: list[Tensor | None]) -> tuple[list[weakref.ReferenceType[Any]], _Watch]:
+    """Weak references to ``grads`` (a dead one for None), watched together."""
+    watch = _Watch()
+    if _present(grads) == len(grads):
+        return list(map(weakref.ref, grads, itertools.repeat(watch))), watch
+    refs = [_NO_GRAD if g is None else weakref.ref(g, watch) for g in grads]
+    return refs, watch
 
 
 def _algorithm_config(algorithm: str, implemented: frozenset[str]) -> type:
@@ -197,8 +300,29 @@ def _step_tensor(value: Any, param: Tensor) -> Tensor:
 
 
 def _decay_factor(lr: float | Tensor, weight_decay: float) -> float:
-    """``1 - lr * weight_decay`` for a float lr; 1.0 for a tensor lr (the kernel computes it)."""
-    return 1.0 if isinstance(lr, Tensor) else 1.0 - float(lr) * weight_decay
+    """``1 - lr * weight_decay`` for an lr read on the host; 1.0 for a device lr (the kernel's)."""
+    if isinstance(lr, Tensor) and lr.device.type != "cpu":
+        return 1.0
+    return 1.0 - float(lr) * weight_decay
+
+
+def _host_float(algorithm: str, name: str, value: Any) -> float:
+    """A hyperparameter other than ``lr`` as a Python float, read without a device sync.
+
+    Raises:
+        HyperparameterError: ``value`` is a tensor off the CPU (reading it
+            would synchronise with the device every step, and a CUDA graph
+            would keep the value read at capture) or of more than one element.
+    """
+    if isinstance(value, Tensor) and (value.device.type != "cpu" or value.numel() != 1):
+        raise HyperparameterError(
+            name,
+            value,
+            "the triton kernels take this hyperparameter as a number: pass a float "
+            "(or a one-element CPU tensor); only lr may be a tensor on the device",
+            algorithm=algorithm,
+        )
+    return float(value)
 
 
 def _ln(beta: float) -> float:
@@ -296,6 +420,8 @@ class TritonOptimizer(torch.optim.Optimizer):
         config_class = _algorithm_config(self.algorithm, self.hyperparameters)
         config = validated_config(self.algorithm, config_class, params, hparams)
         self._plans: dict[int, _Plan] = {}
+        self._stale_plans: dict[int, _Plan] = {}
+        """Replaced tables, kept until rebuilt: their storage is reused in place."""
         self._aux: dict[torch.device, dict[str, Tensor]] = {}
         self.stochastic_rounding = stochastic_rounding
         self._seed = int(torch.randint(2, 2**31 - 1, ()).item())  # never 1: triton specialises 1
@@ -342,23 +468,32 @@ class TritonOptimizer(torch.optim.Optimizer):
             param_group: the group dict, as ``torch.optim.Optimizer`` takes it.
 
         Raises:
-            HyperparameterError: tensors the kernels cannot run (field ``impl``).
+            HyperparameterError: tensors the kernels cannot run (field
+                ``impl``), a parameter repeated or sharing another's storage
+                (``params``), or a hyperparameter other than ``lr`` given as
+                a tensor off the CPU (naming it).
             OptimizerUnavailableError: triton or a CUDA device is missing.
         """
         super().add_param_group(param_group)
         self.refresh()
         try:
             self._check_runnable()
+            _check_distinct(self.param_groups, self.algorithm)
+            self._kernel_arguments(self.param_groups[-1])  # every scalar readable on the host
         except (HyperparameterError, OptimizerUnavailableError):
             self.param_groups.pop()  # nothing half-added
             raise
 
     def refresh(self) -> None:
-        """Forget every cached pointer table; the next step rebuilds them.
+        """Mark every pointer table stale; the next step rebuilds them.
 
-        Needed only after replacing the storage of a parameter or a state
-        tensor in place (``param.data = ...``); everything else is detected.
+        A rebuilt table of the same size (same buckets, tensors and blocks)
+        is written into the old table's device memory, so a CUDA graph
+        captured over it stays valid. Needed only after replacing the storage
+        of a state tensor (``state["exp_avg"] = ...``); everything else,
+        ``param.data = ...`` included, is detected.
         """
+        self._stale_plans.update(self._plans)
         self._plans = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -371,9 +506,15 @@ class TritonOptimizer(torch.optim.Optimizer):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore; the tables are rebuilt on the next step."""
+        """Restore; the tables are rebuilt on the next step (in place when of the same size).
+
+        torch's ``load_state_dict`` ends here too: the tables it leaves are
+        kept as stale, so their storage is reused.
+        """
+        stale = {**self.__dict__.get("_stale_plans", {}), **self.__dict__.get("_plans", {})}
         super().__setstate__(state)
         self._plans = {}
+        self._stale_plans = stale
         self._aux = {}
         self.__dict__.setdefault("stochastic_rounding", False)
         self.__dict__.setdefault("_seed", 0)
@@ -399,7 +540,10 @@ class TritonOptimizer(torch.optim.Optimizer):
         """
         params = self._all_params()
         normalized, originals = _as_param_dtypes(state_dict, params, self.param_groups)
+        device_lrs = [group["lr"] for group in self.param_groups]
         optiplug.load_state_dict(self, normalized)
+        for group, lr in zip(self.param_groups, device_lrs, strict=True):
+            _keep_lr_tensor(group, lr)
         for position, saved in originals.items():
             param = params[position]
             for key, value in saved.items():
@@ -442,27 +586,36 @@ class TritonOptimizer(torch.optim.Optimizer):
 
         Raises:
             HyperparameterError: a parameter or gradient the kernels cannot run
-                (field ``impl``); no state was created and nothing changed.
+                (field ``impl``), or parameters sharing storage (``params``);
+                no state was created and nothing changed.
         """
         plans: dict[int, _Plan] = {}
         stale: list[tuple[int, dict[str, Any], list[Tensor], list[Tensor | None]]] = []
         for index, group in enumerate(self.param_groups):
             params: list[Tensor] = group["params"]
             grads: list[Tensor | None] = list(map(_GRAD, params))
-            plan = self._plans.get(index)
+            current = self._plans.get(index)
             if (
-                plan is not None
-                and plan.same_params(params)
-                and (plan.same_grads(grads) or plan.refresh_grads(grads))
+                current is not None
+                and current.same_params(params, self._column_key(group))
+                and _repoint(current, grads)
             ):
-                plans[index] = plan
+                plans[index] = current
             else:
                 stale.append((index, group, params, grads))
+        if stale:
+            _check_distinct(self.param_groups, self.algorithm)
         for index, _, params, grads in stale:
             self._check_step_tensors(index, params, grads)
         for index, group, params, grads in stale:
-            plans[index] = self._plans[index] = self._build(group, params, grads)
+            previous = self._plans.get(index) or self._stale_plans.pop(index, None)
+            plan = self._build(index, group, params, grads, previous)
+            plans[index] = self._plans[index] = plan
         return [plans[index] for index in range(len(self.param_groups))]
+
+    def _column_key(self, group: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The group settings that decide which state columns the table holds."""
+        return ()
 
     def _check_step_tensors(
         self, index: int, params: list[Tensor], grads: list[Tensor | None]
@@ -487,8 +640,14 @@ class TritonOptimizer(torch.optim.Optimizer):
                 )
 
     def _build(
-        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor | None]
+        self,
+        index: int,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor | None],
+        previous: _Plan | None,
     ) -> _Plan:
+        """Group ``index``'s table; a bucket of ``previous``'s size is rewritten in place."""
         members: dict[tuple[torch.device, torch.dtype, bool], list[_Member]] = {}
         volatile = False
         for position, (param, grad) in enumerate(zip(params, grads, strict=True)):
@@ -504,38 +663,56 @@ class TritonOptimizer(torch.optim.Optimizer):
             row = [param.numel(), param.data_ptr(), grad.data_ptr()]
             row += [0 if t is None else t.data_ptr() for t in columns]
             row += [0] * (kernels.ROW - 1 - len(row)) + [1 if fresh else 0]
-            member = _Member(position, row, fresh, param, grad, states)
+            kept = states if grad is grads[position] else [*states, grad]  # our copy, not theirs
+            member = _Member(position, row, fresh, param, grad, kept)
             members.setdefault((param.device, param.dtype, aligned), []).append(member)
-        buckets = [self._bucket(key, entries) for key, entries in members.items()]
-        with_grad = len(grads) - grads.count(None)
-        return _Plan(list(params), grads, buckets, volatile, with_grad)
+        reusable = {} if previous is None else {_reuse_key(b): b for b in previous.buckets}
+        buckets = []
+        for number, (key, entries) in enumerate(members.items()):
+            seed = _bucket_seed(self._seed, index, number)
+            buckets.append(self._bucket(key, entries, seed, reusable))
+        with_grad = _present(grads)
+        param_ptrs = list(map(Tensor.data_ptr, params))
+        key = self._column_key(group)
+        return _Plan(list(params), param_ptrs, _weak(grads), buckets, volatile, with_grad, key)
 
     @staticmethod
-    def _bucket(key: tuple[torch.device, torch.dtype, bool], entries: list[_Member]) -> _Bucket:
+    def _bucket(
+        key: tuple[torch.device, torch.dtype, bool],
+        entries: list[_Member],
+        seed: int,
+        reusable: dict[tuple[Any, ...], _Bucket],
+    ) -> _Bucket:
+        """A bucket's table: new device tensors, or an old bucket's rewritten in place."""
         device, dtype, aligned = key
+        block, num_warps = kernels.launch_config(device)
         rows = torch.tensor([entry.row for entry in entries], dtype=torch.int64)
-        counts = torch.div(
-            rows[:, kernels.COL_NUMEL] + kernels.BLOCK - 1, kernels.BLOCK, rounding_mode="floor"
-        )
-        total = int(counts.sum())
-        owner = torch.repeat_interleave(torch.arange(len(entries), dtype=torch.int64), counts)
-        first = torch.cumsum(counts, 0) - counts
-        chunk = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(first, counts)
-        blocks = (owner << 32) | chunk
+        blocks = _block_table(rows[:, kernels.COL_NUMEL], block)
+        old = reusable.pop((device, dtype, aligned, len(entries), len(blocks), block), None)
+        if old is not None:  # same size: a CUDA graph captured over the old table stays valid
+            old.rows.copy_(rows)
+            old.blocks.copy_(blocks)
         return _Bucket(
             device=device,
             dtype=dtype,
             aligned=aligned,
-            contiguous=all(entry.param.is_contiguous() for entry in entries),
-            rows=rows.to(device),
-            blocks=blocks.to(device),
+            strides=[entry.param.stride() for entry in entries],
+            rows=rows.to(device) if old is None else old.rows,
+            blocks=blocks.to(device) if old is None else old.blocks,
             count=len(entries),
-            num_blocks=total,
+            num_blocks=len(blocks),
             fresh=any(entry.fresh for entry in entries),
             indices=[entry.position for entry in entries],
             grad_ptrs=[entry.row[kernels.COL_GRAD] for entry in entries],
+            block=block,
+            num_warps=num_warps,
+            seed=seed,
             keep=[t for entry in entries for t in (entry.param, *entry.states)],
-            grads=[entry.grad for entry in entries],
+            staging=_staging_buffer(device, len(entries)) if old is None else old.staging,
+            copied=None if old is None else old.copied,
+            captured=False if old is None else old.captured,
+            graphed=False if old is None else old.graphed,
+            retired=[] if old is None else old.retired,
         )
 
     # ------------------------------------------------------------ step
@@ -574,22 +751,34 @@ class TritonOptimizer(torch.optim.Optimizer):
         plans = self._step_plans()  # every check before any state or launch
         for group, plan in zip(self.param_groups, plans, strict=True):
             for bucket in plan.buckets:
-                aux = self._aux_tensors(bucket.device)
-                scale = _on(grad_scale, bucket.device)
-                found = _on(found_inf, bucket.device)
-                self._launch_bucket(bucket, group, aux, scale, found)
-                if bucket.fresh:
-                    flags = bucket.rows[:, kernels.COL_FLAG]
-                    if found is None:
-                        flags.zero_()
-                    else:
-                        flags.mul_((found.reshape(()) != 0).to(torch.int64))
-                    bucket.fresh = found is not None
+                with _device_guard(bucket.device):  # triton launches on the current device
+                    self._step_bucket(bucket, group, grad_scale, found_inf)
                 used.add(bucket.device)
         if self.stochastic_rounding:
             for device in used:
-                self._aux_tensors(device)["counter"].add_(1)
+                with _device_guard(device):
+                    self._aux_tensors(device)["counter"].add_(1)
         return loss
+
+    def _step_bucket(
+        self,
+        bucket: _Bucket,
+        group: dict[str, Any],
+        grad_scale: Tensor | None,
+        found_inf: Tensor | None,
+    ) -> None:
+        """Launch one bucket's kernels, then clear its new-buffer flags (unless skipped)."""
+        aux = self._aux_tensors(bucket.device)
+        scale = _on(grad_scale, bucket.device)
+        found = _on(found_inf, bucket.device)
+        self._launch_bucket(bucket, group, aux, scale, found)
+        if bucket.fresh:
+            flags = bucket.rows[:, kernels.COL_FLAG]
+            if found is None:
+                flags.zero_()
+            else:
+                flags.mul_((found.reshape(()) != 0).to(torch.int64))
+            bucket.fresh = found is not None
 
     def _launch_bucket(
         self,
@@ -625,20 +814,22 @@ class TritonOptimizer(torch.optim.Optimizer):
         """Launch pieces shared by every kernel: lr, the AMP pointers, the rounding, constants."""
         lr = group["lr"]
         dummy = aux["dummy"]
-        if isinstance(lr, Tensor):
+        if isinstance(lr, Tensor) and lr.device.type != "cpu":
             lr_ptr, lr_value, lr_tensor = _on(lr, bucket.device), 0.0, True
-        else:
+        elif isinstance(lr, Tensor) and bucket.device.type == "cpu":
+            lr_ptr, lr_value, lr_tensor = lr, 0.0, True  # the interpreter reads it in place
+        else:  # a float, or a CPU tensor read on the host (no copy to the device, no sync)
             lr_ptr, lr_value, lr_tensor = dummy, float(lr), False
         stochastic = self.stochastic_rounding and bucket.dtype == torch.bfloat16
         amp = (
             dummy if scale is None else scale,
             dummy if found is None else found,
             aux["counter"],
-            self._seed,
+            bucket.seed,
         )
         constants = {
             "P_DTYPE": kernels.TRITON_DTYPES[str(bucket.dtype).removeprefix("torch.")],
-            "BLOCK": kernels.BLOCK,
+            "BLOCK": bucket.block,
             "ALIGNED": bucket.aligned,
             "LR_TENSOR": lr_tensor,
             "HAS_SCALE": scale is not None,
@@ -649,7 +840,7 @@ class TritonOptimizer(torch.optim.Optimizer):
         interpret = bucket.device.type != "cuda"
         launch = kernels.kernel(self.kernel_name, interpret)
         grid = (bucket.num_blocks,)
-        options = _launch_options(interpret, kernels.NUM_WARPS)
+        options = _launch_options(interpret, bucket.num_warps)
         return (
             launch[grid],
             (bucket.blocks, bucket.rows, lr_ptr, lr_value),
@@ -669,6 +860,109 @@ def _launch_options(interpret: bool, num_warps: int) -> dict[str, Any]:
     tests' tolerances allow one rounding per contracted operation.
     """
     return {} if interpret else {"num_warps": num_warps, "enable_fp_fusion": True}
+
+
+def _keep_lr_tensor(group: dict[str, Any], old: Any) -> None:
+    """Keep the group's device lr tensor object, taking the loaded value (graphs read it)."""
+    new = group["lr"]
+    if (
+        isinstance(old, Tensor)
+        and old.device.type != "cpu"
+        and isinstance(new, (Tensor, float, int))
+        and not isinstance(new, bool)
+        and (not isinstance(new, Tensor) or new.numel() == old.numel())
+    ):
+        with torch.no_grad():
+            if isinstance(new, Tensor):
+                old.copy_(new.detach().reshape(old.shape))
+            else:
+                old.fill_(new)
+        group["lr"] = old
+
+
+def _repoint(plan: _Plan, grads: list[Tensor | None]) -> bool:
+    """Point ``plan`` at ``grads``; False when the group's table must be rebuilt.
+
+    After a CUDA graph captured a repoint, replays write the captured
+    addresses into the table, so an eager step always rewrites them.
+    """
+    if plan.graphed and not torch.cuda.is_current_stream_capturing():
+        return plan.refresh_grads(grads, force=True)
+    return plan.same_grads(grads) or plan.refresh_grads(grads)
+
+
+def _staging_buffer(device: torch.device, count: int) -> Tensor:
+    """A host buffer for ``count`` addresses: pinned for a CUDA bucket (asynchronous copies).
+
+    Allocated when the table is built, never inside a CUDA-graph capture.
+    """
+    return torch.empty(count, dtype=torch.int64, pin_memory=device.type == "cuda")
+
+
+def _device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Make ``device`` current for a CUDA bucket (triton launches on the current device)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _reuse_key(bucket: _Bucket) -> tuple[Any, ...]:
+    """What a rebuilt bucket must match to be written into ``bucket``'s table in place."""
+    return (
+        bucket.device,
+        bucket.dtype,
+        bucket.aligned,
+        bucket.count,
+        bucket.num_blocks,
+        bucket.block,
+    )
+
+
+def _block_table(numels: Tensor, block: int) -> Tensor:
+    """One int64 per program: ``tensor index << 32 | chunk`` for ``block``-element chunks."""
+    counts = torch.div(numels + block - 1, block, rounding_mode="floor")
+    total = int(counts.sum())
+    owner = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int64), counts)
+    first = torch.cumsum(counts, 0) - counts
+    chunk = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(first, counts)
+    return (owner << 32) | chunk
+
+
+def _bucket_seed(seed: int, group: int, number: int) -> int:
+    """The rounding seed of bucket ``number`` of group ``group``: distinct bits per bucket.
+
+    A splitmix64 finaliser of the three, kept odd (never 1, never a multiple
+    of 16: triton specialises such integer arguments, one more compile) and
+    below 2**31 (an i32 argument).
+    """
+    x = (seed + 0x9E3779B97F4A7C15 * (1 + group * 0x10001 + number)) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 31)) & 0x7FFFFFFF
+    return x | 1 if x > 1 else 3
+
+
+def _check_distinct(groups: Sequence[Mapping[str, Any]], algorithm: str) -> None:
+    """Refuse parameters that share storage: two programs would update it at once.
+
+    Raises:
+        HyperparameterError: field ``params``, naming both positions.
+    """
+    seen: dict[int, tuple[int, int]] = {}
+    for index, group in enumerate(groups):
+        for position, param in enumerate(group["params"]):
+            if param.numel() == 0:
+                continue
+            where = seen.setdefault(param.data_ptr(), (index, position))
+            if where != (index, position):
+                raise HyperparameterError(
+                    "params",
+                    f"parameter {position} of param group {index}",
+                    f"shares its storage with parameter {where[1]} of param group {where[0]} "
+                    "(a repeated or tied parameter): the fused kernels would update it twice "
+                    "at once; pass each parameter once",
+                    algorithm=algorithm,
+                )
 
 
 def _on(value: Tensor | None, device: torch.device) -> Tensor | None:
@@ -773,16 +1067,20 @@ class _AdamBase(TritonOptimizer):
             **_launch_options(interpret, 4),
         )
 
+    def _column_key(self, group: Mapping[str, Any]) -> tuple[Any, ...]:
+        """AMSGrad adds the ``max_exp_avg_sq`` column."""
+        return (bool(group["amsgrad"]),)
+
     def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        beta1, beta2 = (float(b) for b in group["betas"])
-        weight_decay = float(group["weight_decay"])
+        beta1, beta2 = (_host_float(self.algorithm, "betas", b) for b in group["betas"])
+        weight_decay = _host_float(self.algorithm, "weight_decay", group["weight_decay"])
         scalars = (
             beta2,
             1.0 - beta1,
             1.0 - beta2,
             _ln(beta1),
             _ln(beta2),
-            float(group["eps"]),
+            _host_float(self.algorithm, "eps", group["eps"]),
             weight_decay,
             _decay_factor(group["lr"], weight_decay),
         )
@@ -843,7 +1141,7 @@ class TritonSGD(TritonOptimizer):
     def _state_columns(
         self, param: Tensor, state: dict[str, Any], group: Mapping[str, Any]
     ) -> tuple[list[Tensor | None], bool]:
-        if float(group["momentum"]) == 0:
+        if not self._column_key(group)[0]:
             return [None], False
         buffer = state.get("momentum_buffer")
         if buffer is None:
@@ -852,10 +1150,15 @@ class TritonSGD(TritonOptimizer):
         state["momentum_buffer"] = _conform(buffer, param)
         return [state["momentum_buffer"]], False
 
+    def _column_key(self, group: Mapping[str, Any]) -> tuple[Any, ...]:
+        """Momentum adds the ``momentum_buffer`` column."""
+        return (_host_float(self.algorithm, "momentum", group["momentum"]) != 0,)
+
     def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        momentum = float(group["momentum"])
-        weight_decay = float(group["weight_decay"])
-        scalars = (momentum, 1.0 - float(group["dampening"]), weight_decay)
+        momentum = _host_float(self.algorithm, "momentum", group["momentum"])
+        weight_decay = _host_float(self.algorithm, "weight_decay", group["weight_decay"])
+        dampening = _host_float(self.algorithm, "dampening", group["dampening"])
+        scalars = (momentum, 1.0 - dampening, weight_decay)
         flags = {
             "HAS_MOMENTUM": momentum != 0,
             "NESTEROV": bool(group["nesterov"]),
@@ -887,8 +1190,8 @@ class TritonLion(TritonOptimizer):
         return [state["exp_avg"]], False
 
     def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        beta1, beta2 = (float(b) for b in group["betas"])
-        weight_decay = float(group["weight_decay"])
+        beta1, beta2 = (_host_float(self.algorithm, "betas", b) for b in group["betas"])
+        weight_decay = _host_float(self.algorithm, "weight_decay", group["weight_decay"])
         decay = _decay_factor(group["lr"], weight_decay)
         scalars = (beta1, 1.0 - beta1, 1.0 - beta2, weight_decay, decay)
         flags = {"HAS_WD": weight_decay != 0, "MAXIMIZE": bool(group["maximize"])}

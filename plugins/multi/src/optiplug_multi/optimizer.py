@@ -324,11 +324,9 @@ def _shared_grouping(
     uses_layers = layer_decay is not None or any(
         r.hparams.get("layer_decay") is not None for r in routes
     )
-    if num_layers is None and uses_layers:
-        names = [name for name, _ in named]
-        if model is not None:
-            names += [name for name, _ in model.named_parameters()]
-        num_layers = count_layers(names)
+    if num_layers is None and uses_layers and model is None:
+        counted = count_layers(name for name, _ in named)
+        num_layers = counted if counted > 1 else None
     shared["num_layers"] = num_layers
     return {key: value for key, value in shared.items() if value is not None}
 

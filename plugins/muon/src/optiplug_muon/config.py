@@ -20,15 +20,22 @@ from optiplug.validators import (
     unit_interval,
 )
 
+from .coefficients import NS_COEFFICIENTS, QUINTIC
+
 __all__ = [
     "ADJUST_LR",
     "AUX_KEYS",
     "DEFAULT_AUX_PATTERNS",
     "MUON_KEYS",
     "MUON_STATE",
+    "NORMUON_KEYS",
+    "NORMUON_STATE",
+    "NS_COEFFICIENTS",
     "NS_DTYPES",
     "NS_METHODS",
+    "WEIGHT_DECAY_MODES",
     "MuonConfig",
+    "NorMuonConfig",
     "ns_dtype_name",
 ]
 
@@ -41,6 +48,10 @@ NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
 NS_METHODS = ("auto", "standard", "gram")
 """How Newton-Schulz is computed: the standard iteration, its Gram form (same
 iteration, fewer FLOPs for rectangular matrices), or per shape the cheaper one."""
+
+WEIGHT_DECAY_MODES = ("decoupled", "cautious")
+"""``decoupled``: ``p *= 1 - lr*wd`` everywhere; ``cautious``: only where the
+update and the parameter have the same sign (arXiv 2510.12402)."""
 
 DEFAULT_AUX_PATTERNS = (
     "*embed*",
@@ -64,12 +75,16 @@ MUON_KEYS = (
     "ns_coefficients",
     "eps",
     "weight_decay",
+    "weight_decay_mode",
     "adjust_lr",
     "ns_dtype",
     "ns_batch",
     "ns_method",
 )
 """The keys of a Muon param group (besides ``params`` and ``use_muon``)."""
+
+NORMUON_KEYS = (*MUON_KEYS, "beta2", "neuron_eps")
+"""The keys of a NorMuon param group (besides ``params`` and ``use_muon``)."""
 
 AUX_KEYS = {
     "lr": "aux_lr",
@@ -129,9 +144,17 @@ def _keeps_singular_values(a: float, b: float, c: float) -> bool:
 
 
 def _coefficients(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, str):
+        if value not in NS_COEFFICIENTS:
+            choices = " | ".join(repr(name) for name in NS_COEFFICIENTS)
+            reason = f"must be one of {choices} or three finite numbers (a, b, c)"
+            raise HyperparameterError(attribute.name, value, reason)
+        return
     ok = isinstance(value, tuple) and len(value) == 3 and all(_finite_float(v) for v in value)
     if not ok:
-        raise HyperparameterError(attribute.name, value, "must be three finite numbers (a, b, c)")
+        choices = " | ".join(repr(name) for name in NS_COEFFICIENTS)
+        reason = f"must be three finite numbers (a, b, c) or one of {choices}"
+        raise HyperparameterError(attribute.name, value, reason)
     if not _keeps_singular_values(*map(float, value)):
         reason = "ax + bx^3 + cx^5 must map (0, 1] into (0, 2), or Newton-Schulz diverges"
         raise HyperparameterError(attribute.name, value, reason)
@@ -181,9 +204,15 @@ class MuonConfig:
         momentum: momentum factor in [0, 1).
         nesterov: use the Nesterov direction.
         ns_steps: Newton-Schulz iterations.
-        ns_coefficients: (a, b, c) of the quintic iteration.
+        ns_coefficients: (a, b, c) of the quintic iteration (the default is
+            Jordan's, also named ``"quintic"``), or ``"polar_express"``: the
+            per-iteration minimax-optimal schedule of arXiv 2505.16932 (see
+            :mod:`optiplug_muon.coefficients`).
         eps: floor of the Frobenius norm the input is divided by.
         weight_decay: decoupled, with the unadjusted lr.
+        weight_decay_mode: ``"decoupled"`` (``p *= 1 - lr*wd``) or
+            ``"cautious"`` (only where the update and the parameter agree in
+            sign, arXiv 2510.12402, as the modded-nanogpt speedrun does).
         adjust_lr: ``"original"`` or ``"match_rms_adamw"`` (see :data:`ADJUST_LR`).
         ns_dtype: dtype Newton-Schulz runs in; None = bfloat16 where the device
             has fast bf16 matmul, else float32.
@@ -214,11 +243,14 @@ class MuonConfig:
     momentum: float = hyperparameter(0.95, unit_interval, "in [0, 1)")
     nesterov: bool = hyperparameter(True, boolean, "bool")
     ns_steps: int = hyperparameter(5, positive_int, "integer >= 1")
-    ns_coefficients: tuple[float, float, float] = hyperparameter(
-        (3.4445, -4.7750, 2.0315), _coefficients, "three finite numbers"
+    ns_coefficients: tuple[float, float, float] | str = hyperparameter(
+        QUINTIC, _coefficients, "three finite numbers | " + " | ".join(NS_COEFFICIENTS)
     )
     eps: float = hyperparameter(1e-7, positive, "> 0")
     weight_decay: float = hyperparameter(0.0, non_negative, ">= 0 (decoupled: p *= 1 - lr*wd)")
+    weight_decay_mode: str = hyperparameter(
+        "decoupled", _one_of(*WEIGHT_DECAY_MODES), " | ".join(WEIGHT_DECAY_MODES)
+    )
     adjust_lr: str = hyperparameter("original", _one_of(*ADJUST_LR), " | ".join(ADJUST_LR))
     ns_dtype: object = hyperparameter(None, _ns_dtype, "None (auto) | " + " | ".join(NS_DTYPES))
     ns_batch: bool | None = hyperparameter(None, _optional_bool, "None (per device) | bool")
@@ -260,3 +292,39 @@ MUON_STATE = (
 """Muon groups (``use_muon`` true) keep ``momentum_buffer``; AdamW groups (which
 have ``aux_betas`` and ``use_muon`` false) keep torch AdamW's ``step``, ``exp_avg``,
 ``exp_avg_sq``."""
+
+
+@attrs.frozen
+class NorMuonConfig(MuonConfig):
+    """NorMuon's hyperparameters: Muon's (see :class:`MuonConfig`) plus the neuron-wise ones.
+
+    NorMuon (Li, Liu, Liang, Chen, Zhao, "NorMuon: Making Muon more efficient
+    and scalable", arXiv 2510.05491) divides each row (output neuron) of the
+    orthogonalised update ``O`` by the square root of an EMA of that row's
+    mean square, then rescales the whole update back to ``||O||_F``.
+
+    Attributes:
+        beta2: decay of the per-row second-moment EMA, in [0, 1).
+        neuron_eps: added to the root of the second moment (and to the
+            normalised update's Frobenius norm) before dividing.
+    """
+
+    beta2: float = hyperparameter(0.95, unit_interval, "in [0, 1)")
+    neuron_eps: float = hyperparameter(1e-10, positive, "> 0")
+
+
+NORMUON_STATE = (
+    *MUON_STATE[:1],
+    StateSlot(
+        "second_momentum_buffer",
+        when="use_muon",
+        constraints=("finite", "non_negative"),
+        description=(
+            "NorMuon per-row EMA of the orthogonalised update's mean square, in NorMuon param "
+            "groups; parameter-shaped (each row holds its neuron's value in every column)"
+        ),
+    ),
+    *MUON_STATE[1:],
+)
+"""NorMuon groups keep ``momentum_buffer`` and ``second_momentum_buffer``; AdamW
+groups keep torch AdamW's ``step``, ``exp_avg``, ``exp_avg_sq`` (as in :data:`MUON_STATE`)."""

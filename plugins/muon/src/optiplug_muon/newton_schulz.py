@@ -7,6 +7,10 @@ one, so ``k x k`` with k the smaller side) and ``P = b A + c A²``::
 
     standard:  X <- a X + P X      (wide; tall: a X + X P)
 
+``(a, b, c)`` may change from one iteration to the next
+(``coefficients="polar_express"``, arXiv 2505.16932; the schedules are in
+:mod:`optiplug_muon.coefficients`); every form below takes the schedule.
+
 The **Gram** form (Newton-Schulz iterated on ``A`` instead of ``X``; see
 docs/optimizers/muon.md) is the same iteration in exact arithmetic: with
 ``M = a I + P``, ``X' = M X`` and ``A' = M A M``, so the ``k x k`` matrices can
@@ -39,7 +43,8 @@ from torch import Tensor
 
 from optiplug.errors import HyperparameterError
 
-from .config import NS_METHODS
+from .coefficients import NS_COEFFICIENTS, QUINTIC, coefficient_schedule, input_scale
+from .config import NS_METHODS, MuonConfig
 
 __all__ = [
     "RESTART_EVERY",
@@ -47,6 +52,7 @@ __all__ = [
     "Buffers",
     "Workspace",
     "allocate_buffers",
+    "check_coefficients",
     "check_method",
     "default_ns_dtype",
     "method_flops",
@@ -350,12 +356,14 @@ def _apply_(out: Tensor, m: Tensor, x: Tensor, tall: bool, beta: float = 0.0) ->
     _matmul(out, left, right, x if beta else None, beta)
 
 
-def _standard(buffers: Buffers, steps: int, abc: tuple[float, float, float], blocks: int) -> Tensor:
-    a, b, c = abc
+_Schedule = tuple[tuple[float, float, float], ...]
+
+
+def _standard(buffers: Buffers, schedule: _Schedule, blocks: int) -> Tensor:
     x, spare = buffers.x, buffers.spare
     gram, poly = buffers.squares[:2]
     tall = x.shape[-2] > x.shape[-1]
-    for _ in range(steps):
+    for a, b, c in schedule:
         _gram_(gram, x, tall, blocks)
         _symmetric_(poly, gram, gram, blocks, gram, b, c)
         _apply_(spare, poly, x, tall, a)
@@ -363,13 +371,13 @@ def _standard(buffers: Buffers, steps: int, abc: tuple[float, float, float], blo
     return x
 
 
-def _gram(buffers: Buffers, steps: int, abc: tuple[float, float, float], blocks: int) -> Tensor:
-    a, b, c = abc
+def _gram(buffers: Buffers, schedule: _Schedule, blocks: int) -> Tensor:
     x, spare = buffers.x, buffers.spare
     gram, poly, temp, accum, accum_spare = buffers.squares
     tall = x.shape[-2] > x.shape[-1]
     _gram_(gram, x, tall, blocks)
-    for fresh, restart, last in _gram_schedule(steps):
+    steps = len(schedule)
+    for (fresh, restart, last), (a, b, c) in zip(_gram_schedule(steps), schedule, strict=True):
         _symmetric_(poly, gram, gram, blocks, gram, b, c)  # P = bA + cA²
         if last and fresh:
             _apply_(spare, poly, x, tall, a)  # X <- aX + PX
@@ -395,16 +403,20 @@ def newton_schulz_(
     buffers: Buffers,
     *,
     steps: int,
-    coefficients: tuple[float, float, float],
+    coefficients: tuple[float, float, float] | str,
     eps: float,
     method: str,
 ) -> Tensor:
     """Orthogonalise the batch ``buffers.x`` (``(B, r, c)``), using the other buffers as scratch.
 
+    Each matrix is divided by its Frobenius norm (times 1.01 for
+    ``"polar_express"``, the paper's safety margin), floored at ``eps``, then
+    iterated with the schedule of :func:`~optiplug_muon.coefficients.coefficient_schedule`.
+
     Args:
         buffers: from :meth:`Workspace.take` with the same ``method``; all overwritten.
         steps: iterations (>= 1).
-        coefficients: (a, b, c).
+        coefficients: (a, b, c), ``"quintic"`` or ``"polar_express"``.
         eps: floor of the Frobenius norm (an all-zero matrix stays zero).
         method: ``"standard"`` or ``"gram"`` (see :func:`resolve_method`).
 
@@ -413,34 +425,70 @@ def newton_schulz_(
     """
     x = buffers.x
     norms = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    scale = input_scale(coefficients)
+    if scale != 1.0:
+        norms.mul_(scale)
     x.div_(norms.clamp_(min=eps))
     blocks = symmetric_blocks(x.device.type, min(x.shape[-2:]), x.shape[0])
     iterate = _gram if method == "gram" else _standard
-    return iterate(buffers, steps, coefficients, blocks)
+    return iterate(buffers, coefficient_schedule(coefficients, steps), blocks)
+
+
+def check_coefficients(coefficients: object) -> None:
+    """Raise unless ``coefficients`` is a name in :data:`NS_COEFFICIENTS` or a safe (a, b, c).
+
+    Raises:
+        HyperparameterError: naming ``ns_coefficients``, the value and the choices.
+    """
+    if isinstance(coefficients, str):
+        if coefficients in NS_COEFFICIENTS:
+            return
+        choices = " | ".join(repr(name) for name in NS_COEFFICIENTS)
+        reason = f"must be one of {choices} or three finite numbers (a, b, c)"
+        raise HyperparameterError("ns_coefficients", coefficients, reason, algorithm="muon")
+    try:
+        MuonConfig(ns_coefficients=coefficients)  # type: ignore[arg-type]
+    except HyperparameterError as error:
+        raise HyperparameterError(
+            "ns_coefficients", coefficients, error.reason, algorithm="muon"
+        ) from None
 
 
 def orthogonalize(
     matrix: Tensor,
     *,
     steps: int = 5,
-    coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+    coefficients: tuple[float, float, float] | str = QUINTIC,
     eps: float = 1e-7,
     dtype: torch.dtype | None = None,
     method: str = "auto",
 ) -> Tensor:
     """Newton-Schulz-orthogonalise one matrix or a batch (``(..., r, c)``), without a workspace.
 
+    Muon's orthogonalisation, for studying the polynomials: with
+    ``coefficients="quintic"`` (Jordan's fixed quintic) the singular values
+    end spread around 1, with ``"polar_express"`` (Amsel et al., arXiv
+    2505.16932: a minimax-optimal polynomial per iteration) closer to 1 at
+    the same cost; ``torch.linalg.svdvals`` of the result shows it.
+
     Args:
-        matrix: the input (not modified).
-        steps: iterations.
-        coefficients: (a, b, c).
+        matrix: the input (not modified), at least 2-D.
+        steps: iterations (>= 1).
+        coefficients: ``(a, b, c)``, ``"quintic"`` or ``"polar_express"``
+            (see :data:`~optiplug_muon.coefficients.NS_COEFFICIENTS`).
         eps: floor of the Frobenius norm.
         dtype: compute dtype (default: :func:`default_ns_dtype` of its device).
         method: one of :data:`~optiplug_muon.config.NS_METHODS`.
 
     Returns:
         The orthogonalised matrices, in ``dtype``, shaped like ``matrix``.
+
+    Raises:
+        HyperparameterError: bad ``steps``, ``coefficients`` or ``method``.
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise HyperparameterError("ns_steps", steps, "must be an integer >= 1", algorithm="muon")
+    check_coefficients(coefficients)
     rows, cols = matrix.shape[-2:]
     dtype = dtype or default_ns_dtype(matrix.device.type)
     x = matrix.reshape(-1, rows, cols).to(dtype, copy=True)

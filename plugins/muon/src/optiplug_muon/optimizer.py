@@ -30,6 +30,7 @@ from .newton_schulz import (
     Buffers,
     Workspace,
     allocate_buffers,
+    check_coefficients,
     check_method,
     default_ns_dtype,
     newton_schulz_,
@@ -119,12 +120,12 @@ class _Sharded(NamedTuple):
 
 
 def _group_dict(
-    items: list[tuple[str | None, Tensor]], use_muon: bool, config: MuonConfig
+    items: list[tuple[str | None, Tensor]], use_muon: bool, config: MuonConfig, keys: Sequence[str]
 ) -> dict[str, Any]:
     named = all(name is not None for name, _ in items)
     group: dict[str, Any] = {"params": list(items) if named else [t for _, t in items]}
     if use_muon:
-        group.update({key: getattr(config, key) for key in MUON_KEYS})
+        group.update({key: getattr(config, key) for key in keys})
         group["ns_dtype"] = ns_dtype_name(config.ns_dtype)
     else:
         group.update({key: getattr(config, field) for key, field in AUX_KEYS.items()})
@@ -154,7 +155,7 @@ def _decided(
 
 
 def _route(
-    params: Sequence[Any], config: MuonConfig
+    params: Sequence[Any], config: MuonConfig, keys: Sequence[str]
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Split ``params`` into Muon and AdamW param groups; (groups, (label, reason) per param)."""
     model = model_info(cast("nn.Module | None", config.model))  # checked by MuonConfig
@@ -168,7 +169,8 @@ def _route(
         for use_muon in (True, False):
             chosen = [e for e in decided if e.decision.use_muon is use_muon]
             if chosen:
-                groups.append(_group_dict([(e.name, e.tensor) for e in chosen], use_muon, local))
+                named = [(e.name, e.tensor) for e in chosen]
+                groups.append(_group_dict(named, use_muon, local, keys))
                 labels += [(e.label, e.decision.reason) for e in chosen]
     if any(e.name is None and e.decision.use_muon and c.use_muon is None for e, c in entries):
         warn_at_caller(
@@ -193,6 +195,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     parameters go to an auxiliary AdamW (torch's kernel). Both live in this
     one optimizer as separate param groups (``group["use_muon"]``), so LR
     schedulers and ``group["lr"]`` reach both; :meth:`routing` says who got what.
+    ``weight_decay_mode="cautious"`` decays only the coordinates where the
+    update and the parameter agree in sign (arXiv 2510.12402).
 
     ``DTensor`` parameters (FSDP2's ``fully_shard``): a matrix placed
     ``Shard(0)`` on a 1-D mesh is orthogonalised whole on one owner rank
@@ -207,7 +211,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             names (or ``model=``) let embeddings and heads be recognised.
         lr: Muon's learning rate (default 0.02).
         **hparams: see :class:`~optiplug_muon.config.MuonConfig` (momentum,
-            nesterov, ns_steps, ns_coefficients, eps, weight_decay, adjust_lr,
+            nesterov, ns_steps, ns_coefficients (a tuple, ``"quintic"`` or
+            ``"polar_express"``), eps, weight_decay, weight_decay_mode, adjust_lr,
             ns_dtype, ns_batch, ns_method, aux, aux_lr, aux_betas, aux_eps,
             aux_weight_decay, model, aux_patterns, force_muon, force_aux, use_muon).
 
@@ -220,6 +225,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     """
 
     algorithm: ClassVar[str] = "muon"
+    config_class: ClassVar[type[MuonConfig]] = MuonConfig
+    group_keys: ClassVar[tuple[str, ...]] = MUON_KEYS
+    """The keys of this algorithm's matrix param groups (besides ``params`` and ``use_muon``)."""
+    collectives_per_exchange: ClassVar[int] = 2
+    """Collective calls per exchange of sharded matrices (an all-to-all there and one back)."""
 
     @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, lr: Any = _UNSET, **hparams: Any) -> None:
@@ -228,23 +238,25 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                 raise TypeError("Muon: a Prepared record is given alone, without keywords")
             prepared = params
             params, hparams = list(prepared.params), dict(prepared.hparams)
-            valid = prepared.algorithm == self.algorithm and isinstance(prepared.config, MuonConfig)
+            valid = prepared.algorithm == self.algorithm and isinstance(
+                prepared.config, self.config_class
+            )
             config: MuonConfig = (
                 prepared.config
                 if valid
-                else validated_config(self.algorithm, MuonConfig, params, hparams)
+                else validated_config(self.algorithm, self.config_class, params, hparams)
             )
         else:
             if lr is not _UNSET:
                 hparams["lr"] = lr
             params = list(params)
-            config = validated_config(self.algorithm, MuonConfig, params, hparams)
-        groups, self._labels = _route(params, config)
+            config = validated_config(self.algorithm, self.config_class, params, hparams)
+        groups, self._labels = _route(params, config, self.group_keys)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
         self._last_report: StepReport | None = None
         for device_type in {tensor.device.type for tensor in parameter_tensors(params)}:
             default_ns_dtype(device_type)  # probed now, eagerly: a compiled step only reads it
-        defaults = {key: getattr(config, key) for key in MUON_KEYS}
+        defaults = {key: getattr(config, key) for key in self.group_keys}
         defaults.update({field: getattr(config, field) for field in AUX_KEYS.values()})
         defaults["ns_dtype"] = ns_dtype_name(config.ns_dtype)
         super().__init__(groups, defaults)
@@ -286,7 +298,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             )
         self._check_placements(param_group, use_muon)
         fill = (
-            {key: self.defaults[key] for key in MUON_KEYS}
+            {key: self.defaults[key] for key in self.group_keys}
             if use_muon
             else {key: self.defaults[field] for key, field in AUX_KEYS.items()}
         )
@@ -331,7 +343,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             names = group.get("param_names") or [None] * len(group["params"])
             for name, param in zip(names, group["params"], strict=True):
                 label, reason = self._label(len(rows))
-                rows.append(_route_row(name or label, reason, param, group, number))
+                row = _route_row(name or label, reason, param, group, number, self.algorithm)
+                rows.append(row)
         return Routing(tuple(rows))
 
     def _label(self, index: int) -> tuple[str, str]:
@@ -375,7 +388,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             The closure's loss, or None.
 
         Raises:
-            HyperparameterError: a Muon group's ``ns_method`` was edited to a bad value.
+            HyperparameterError: a Muon group's ``ns_method`` or ``ns_coefficients``
+                was edited to a bad name.
             UnsupportedPlacementError: a ``DTensor`` parameter, its gradient or its
                 state is placed in a way it cannot be stepped (nothing is updated).
         """
@@ -383,6 +397,8 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         for group in self.param_groups:  # before anything is updated
             if group["use_muon"]:
                 check_method(group["ns_method"])
+                if isinstance(group["ns_coefficients"], str):
+                    check_coefficients(group["ns_coefficients"])
         names = None if torch.compiler.is_compiling() else self._names()
         self._check_distributed(names)
         jobs: list[_Job] = []
@@ -482,8 +498,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
             _direction(row, job)
         result = _newton_schulz(buffers, group, method)
         scale = adjust_lr_factor(param, group["adjust_lr"])
-        for update, job in zip(result, jobs, strict=True):
-            _apply(update, job, scale)
+        self._apply_whole([(update, job, scale) for update, job in zip(result, jobs, strict=True)])
 
     def _orthogonalize_sharded(self, sharded: list[_Sharded]) -> tuple[list[_Sharded], int]:
         """Orthogonalise row-sharded matrices on their owners; (owned here, collectives made).
@@ -499,7 +514,7 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         owned: list[_Sharded] = []
         for (_, dtype), items in exchanges.items():
             owned += self._exchange(items, dtype)
-        return owned, 2 * len(exchanges)
+        return owned, self.collectives_per_exchange * len(exchanges)
 
     def _exchange(self, items: list[_Sharded], dtype: torch.dtype) -> list[_Sharded]:
         """Gather ``items`` to their owners, orthogonalise the owned ones, scatter the rows back."""
@@ -536,13 +551,29 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         for bucket in _owned_buckets(owned):
             self._orthogonalize_owned(bucket)
         back = all_to_all(received, receive_sizes, send_sizes, group)  # `send`'s layout
+        pending = []
         for index, item in enumerate(items):
             start, end = ranges[index][rank]
             size = (end - start) * item.cols
             update = back[slots[index] : slots[index] + size].view(end - start, item.cols)
             scale = _adjust(item.rows, item.cols, item.job.group["adjust_lr"])
-            _apply(update, item.job, scale)
+            pending.append((update, item.job, scale))
+        self._apply_rows(pending, group)
         return [items[index] for index in mine]
+
+    def _apply_whole(self, pending: list[tuple[Tensor, _Job, float]]) -> None:
+        """Apply orthogonalised updates of whole matrices: ``(update, job, adjust factor)``."""
+        for update, job, scale in pending:
+            _apply(update, job, scale)
+
+    def _apply_rows(self, pending: list[tuple[Tensor, _Job, float]], process_group: Any) -> None:
+        """Apply this rank's rows of sharded matrices' updates (all ranks call it alike).
+
+        Muon's update is elementwise once orthogonalised, so the rows apply
+        alone; ``process_group`` is for subclasses whose update needs sums
+        over whole matrices.
+        """
+        self._apply_whole(pending)
 
     def _orthogonalize_owned(self, bucket: list[tuple[_Sharded, list[Tensor]]]) -> None:
         """Newton-Schulz on whole matrices assembled from every rank's rows; results in place."""
@@ -589,12 +620,12 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
 
 
 def _route_row(
-    name: str, reason: str, param: Tensor, group: Mapping[str, Any], number: int
+    name: str, reason: str, param: Tensor, group: Mapping[str, Any], number: int, matrices: str
 ) -> ParameterRoute:
     lr = float(group["lr"])
     if group["use_muon"]:
         lr *= adjust_lr_factor(param, group["adjust_lr"])
-    algorithm = "muon" if group["use_muon"] else "adamw"
+    algorithm = matrices if group["use_muon"] else "adamw"
     shape = tuple(param.shape)
     return ParameterRoute(name, shape, algorithm, reason, lr, float(group["weight_decay"]), number)
 
@@ -630,6 +661,12 @@ def _batched(group: Mapping[str, Any], device: torch.device) -> bool:
     return device.type != "cpu" if choice is None else choice
 
 
+def _coefficients(group: Mapping[str, Any]) -> tuple[float, float, float] | str:
+    """The group's ``ns_coefficients``: a schedule name, or (a, b, c) as a tuple."""
+    value = group["ns_coefficients"]
+    return value if isinstance(value, str) else tuple(value)
+
+
 def _bucket_key(
     shape: tuple[int, int], device: torch.device, group: Mapping[str, Any], index: int
 ) -> tuple[Any, ...]:
@@ -639,7 +676,7 @@ def _bucket_key(
         device,
         _ns_dtype(group, device),
         group["ns_steps"],
-        tuple(group["ns_coefficients"]),
+        _coefficients(group),
         group["eps"],
         group["ns_method"],
         None if _batched(group, device) else index,
@@ -672,7 +709,7 @@ def _newton_schulz(buffers: Buffers, group: Mapping[str, Any], method: str) -> T
     return newton_schulz_(
         buffers,
         steps=group["ns_steps"],
-        coefficients=tuple(group["ns_coefficients"]),
+        coefficients=_coefficients(group),
         eps=group["eps"],
         method=method,
     )
@@ -765,12 +802,22 @@ def _direction(out: Tensor, job: _Job) -> None:
 
 
 def _apply(update: Tensor, job: _Job, scale: float) -> None:
-    """``p = p * (1 - lr * wd) - lr * scale * update`` (``scale``: the ``adjust_lr`` factor)."""
+    """``p = p * (1 - lr * wd) - lr * scale * update`` (``scale``: the ``adjust_lr`` factor).
+
+    With ``weight_decay_mode="cautious"`` the decay applies only where
+    ``update * p >= 0`` (the step moves ``p`` towards zero, so decay agrees
+    with it): Chen et al., "Cautious Weight Decay", arXiv 2510.12402, as in
+    the modded-nanogpt speedrun. The mask is taken before ``p`` changes.
+    """
     param, group = job.param, job.group
     lr, weight_decay = group["lr"], group["weight_decay"]
-    if weight_decay != 0:
-        param.mul_(1 - lr * weight_decay)
     update = update.view(param.shape)
+    if weight_decay != 0:
+        if group["weight_decay_mode"] == "cautious":
+            agree = torch.mul(update, param).ge_(0).to(param.dtype)
+            param.sub_(agree.mul_(param).mul_(lr * weight_decay))
+        else:
+            param.mul_(1 - lr * weight_decay)
     if isinstance(lr, Tensor):
         param.sub_(update * (lr * scale))
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optiplug
 
-from .config import MUON_STATE, MuonConfig
+from .config import MUON_STATE, NORMUON_STATE, MuonConfig, NorMuonConfig
 
 OPTIPLUG_API = 1
 
@@ -14,7 +14,7 @@ PRETRAINING_SCORE = 30.0
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
-    """Provide ``muon``."""
+    """Provide ``muon`` and ``normuon``."""
     return [
         optiplug.OptimizerSpec(
             name="muon",
@@ -27,7 +27,19 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=MUON_STATE,
             capabilities=frozenset({"matrices", "routing"}),
-        )
+        ),
+        optiplug.OptimizerSpec(
+            name="normuon",
+            factory=optiplug.lazy("optiplug_muon.normuon:NorMuon"),
+            config=NorMuonConfig,
+            description=(
+                "NorMuon (arXiv 2510.05491): Muon with each row (output neuron) of the "
+                "orthogonalised update normalised by an EMA of its mean square; embeddings, "
+                "output heads and non-matrix parameters go to an auxiliary AdamW."
+            ),
+            state_slots=NORMUON_STATE,
+            capabilities=frozenset({"matrices", "routing"}),
+        ),
     ]
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .env import env_flag
+from .._core.env import env_flag
 
 __all__ = [
     "CACHE_VARIABLE",

@@ -1,0 +1,74 @@
+"""Validated hyperparameters of every bridged torchao optimizer (torch-free).
+
+One attrs config class per catalogue entry, built from the table in
+:mod:`optiplug_torchao.catalog`: a bad value raises
+:class:`~optiplug.errors.HyperparameterError` naming the field and value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from optiplug.errors import HyperparameterError
+from optiplug.validators import (
+    NamedField,
+    Validator,
+    betas,
+    boolean,
+    hyperparameter,
+    learning_rate,
+    non_negative,
+    positive,
+    positive_int,
+)
+
+from .catalog import CATALOG, Entry
+
+__all__ = ["CHECKS", "CONFIGS", "config_of"]
+
+
+def optimizer_class(_: Any, attribute: NamedField, value: Any) -> None:
+    """Accept a class (an optimizer class to run on the CPU copies)."""
+    if not isinstance(value, (type, str)):
+        raise HyperparameterError(attribute.name, value, "must be an optimizer class")
+
+
+CHECKS: dict[str, tuple[Validator, str]] = {
+    "lr": (learning_rate, "finite, >= 0 (torchao: lr >= 0)"),
+    "betas": (betas, "a pair, each in [0, 1) (torchao's check)"),
+    "eps": (positive, "> 0 (0 divides 0 by 0 where a gradient element is 0)"),
+    "non_negative": (non_negative, ">= 0"),
+    "bool": (boolean, "bool"),
+    "positive_int": (positive_int, "an integer >= 1"),
+    "optimizer_class": (optimizer_class, "a torch.optim.Optimizer subclass"),
+}
+"""``Param.check`` -> (validator, constraint text shown by ``optiplug show``)."""
+
+
+def _config_class(item: Entry) -> type:
+    fields = {
+        p.name: hyperparameter(p.default, CHECKS[p.check][0], CHECKS[p.check][1])
+        for p in item.params
+    }
+    name = f"{item.cls.lstrip('_')}Config"
+    cls = attrs.make_class(name, fields, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = f"Hyperparameters of torchao's {item.cls} ({item.name})."
+    return cls
+
+
+CONFIGS: dict[str, type] = {item.name: _config_class(item) for item in CATALOG}
+"""Registered name -> its attrs config class."""
+
+globals().update({cls.__name__: cls for cls in CONFIGS.values()})  # importable: they pickle
+
+
+def config_of(name: str) -> type:
+    """The config class of the entry registered as ``name``.
+
+    Raises:
+        KeyError: no such entry.
+    """
+    return CONFIGS[name]
