@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hf_resume import run_trainer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -349,80 +350,6 @@ def test_memory_report_counts_the_real_bytes(registry: optiplug.Registry, name: 
 
 
 # ------------------------------------------------------------------ Hugging Face Trainer
-# A tiny regression model trained by the Trainer on CPU: 6 steps with a checkpoint
-# after 3, then resumed from it; its 64x64 weight takes torchao's quantized path.
-HF_STEPS = 6
-HF_SAVE_EVERY = 3
-
-
-class _Regression(torch.nn.Module):
-    """``Linear(64, 64)`` with a mean-squared-error loss, as the Trainer expects (a dict)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(64, 64)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": ((self.layer(x) - y) ** 2).mean()}
-
-
-class _Pairs(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """64 fixed random (x, y) pairs."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(64, 64, generator=generator)
-        self.y = torch.randn(64, 64, generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"x": self.x[index], "y": self.y[index]}
-
-
-def _run_trainer(
-    output_dir: Path, name: str, registry: optiplug.Registry, *, resume: Path | None = None
-) -> Any:
-    """Train ``_Regression`` with optiplug's ``name`` for :data:`HF_STEPS` steps; return the Trainer.
-
-    Args:
-        output_dir: where the Trainer writes its checkpoints.
-        name: the algorithm, looked up in ``registry``.
-        registry: the registry holding it.
-        resume: an earlier run's output directory: resume from its checkpoint
-            after :data:`HF_SAVE_EVERY` steps.
-    """
-    from transformers import Trainer, TrainingArguments
-
-    from optiplug.integrations.transformers import optimizer_cls_and_kwargs
-
-    arguments = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=HF_STEPS,
-        per_device_train_batch_size=16,
-        learning_rate=1e-2,
-        lr_scheduler_type="linear",
-        save_strategy="steps",
-        save_steps=HF_SAVE_EVERY,
-        logging_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-        remove_unused_columns=False,
-    )
-    # the Trainer calls "the class" with no arguments, then the result with the model
-    recipe: Any = optimizer_cls_and_kwargs(name, registry=registry, lr=1e-2)
-    trainer = Trainer(
-        model=_Regression(), args=arguments, train_dataset=_Pairs(), optimizer_cls_and_kwargs=recipe
-    )
-    checkpoint = None if resume is None else str(resume / f"checkpoint-{HF_SAVE_EVERY}")
-    trainer.train(resume_from_checkpoint=checkpoint)
-    return trainer
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_resume_through_the_hf_trainer_is_bit_equal(
@@ -430,8 +357,8 @@ def test_resume_through_the_hf_trainer_is_bit_equal(
 ) -> None:
     """6 Trainer steps against 3, a checkpoint, and 3 resumed ones: the same weights, bit for bit."""
     pytest.importorskip("transformers")
-    whole = _run_trainer(tmp_path / "whole", name, registry)
-    resumed = _run_trainer(tmp_path / "resumed", name, registry, resume=tmp_path / "whole")
+    whole = run_trainer(tmp_path / "whole", name, registry)
+    resumed = run_trainer(tmp_path / "resumed", name, registry, resume=tmp_path / "whole")
     for (key, value), (_, again) in zip(
         whole.model.named_parameters(), resumed.model.named_parameters(), strict=True
     ):
