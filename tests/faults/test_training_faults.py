@@ -480,3 +480,15 @@ def test_train_save_on_a_full_disk_cleans_up_and_says_so(tmp_path: Path) -> None
     line = one_error_line(done.stderr)
     assert "no space left" in line and str(saved) in line
     assert list(tmp_path.iterdir()) == []  # neither run/ nor deep/ is left behind
+
+
+def test_a_nonfinite_optimizer_state_is_refused_where_it_matters_at_save(tmp_path: Path) -> None:
+    # the state is not screened after every step (the parameters are): a save checks it
+    graph = regression_graph()
+    run_steps(graph, 2)
+    state = next(iter(graph.optimizer.state.values()))  # type: ignore[union-attr]
+    slot = next(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
+    state[slot].fill_(math.nan)
+    with pytest.raises(GraphError, match=r"refusing to save a non-finite state"):
+        graph.save(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()

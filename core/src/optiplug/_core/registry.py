@@ -152,7 +152,8 @@ class Registry:
         self._plugins: dict[str, PluginInfo] = {}
         self._errors: dict[str, BaseException] = {}
         self._optimizers: dict[str, list[OptimizerSpec]] = {}
-        self._implementations: list[ImplementationSpec] = []
+        self._implementations_named: dict[str, list[ImplementationSpec]] = {}
+        """Implementation records by the plain name of their algorithm."""
         self._schedules: dict[str, list[ScheduleSpec]] = {}
         self._commands: dict[str, list[CommandSpec]] = {}
         for name, module in _builtin.builtin_plugins():
@@ -313,11 +314,11 @@ class Registry:
     def _commit(self, contributions: _Contributions) -> None:
         for spec in contributions.optimizers:
             self._optimizers.setdefault(spec.name, []).append(spec)
-            self._implementations.extend(
+            self._add_implementations(
                 attrs.evolve(impl, provider=impl.provider or spec.provider)
                 for impl in spec.implementations
             )
-        self._implementations.extend(contributions.implementations)
+        self._add_implementations(contributions.implementations)
         for schedule in contributions.schedules:
             self._schedules.setdefault(schedule.name, []).append(schedule)
         for command in contributions.commands:
@@ -556,6 +557,11 @@ class Registry:
         """Every registered implementation of algorithm ``name``, sorted by name."""
         return self._implementations_of(self.spec(name, provider=provider))
 
+    def _add_implementations(self, records: Iterable[ImplementationSpec]) -> None:
+        for record in records:
+            name = split_qualified(record.algorithm)[1]
+            self._implementations_named.setdefault(name, []).append(record)
+
     def _binds(self, impl: ImplementationSpec, spec: OptimizerSpec) -> bool:
         """Whether implementation ``impl`` is one of algorithm ``spec``'s.
 
@@ -565,6 +571,8 @@ class Registry:
         the algorithm the plain name resolves to (a kernel plugin's
         implementation of the native ``adamw``).
         """
+        if impl.algorithm != spec.name and QUALIFIER not in impl.algorithm:
+            return False  # another algorithm's (the common case: no parsing)
         qualifier, name = split_qualified(impl.algorithm)
         if name != spec.name:
             return False
@@ -585,7 +593,8 @@ class Registry:
 
     def _implementations_of(self, spec: OptimizerSpec) -> list[ImplementationSpec]:
         """Every registered implementation of the resolved ``spec``, sorted by name."""
-        found = [impl for impl in self._implementations if self._binds(impl, spec)]
+        named = self._implementations_named.get(spec.name, ())
+        found = [impl for impl in named if self._binds(impl, spec)]
         return sorted(
             found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
         )

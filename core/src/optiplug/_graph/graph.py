@@ -436,7 +436,8 @@ class Graph:
         Raises:
             GraphError: no optimizer set; a non-finite gradient (``"stop"``
                 policy: nothing applied); too many skips in a row; or a step
-                that left a parameter or the optimizer state non-finite.
+                that left a parameter non-finite (a non-finite optimizer
+                state is refused by :meth:`save`).
         """
         optimizer = self._require_optimizer("step")
         if not self._optimizer_training and has_train_eval(optimizer):
@@ -463,7 +464,7 @@ class Graph:
         if stepped:
             self._training_step += 1
             self._guard.consecutive = 0
-            self._stop_if_state_nonfinite(optimizer)
+            self._stop_if_parameters_nonfinite()
         return stepped
 
     def _gradient_nonfinite(self, norm: torch.Tensor | None) -> bool:
@@ -490,8 +491,8 @@ class Graph:
         self._guard.count_skip(self._training_step)
         return False
 
-    def _stop_if_state_nonfinite(self, optimizer: torch.optim.Optimizer) -> None:
-        found = self._guard.nonfinite_state(self.module, optimizer, self._parallel)
+    def _stop_if_parameters_nonfinite(self) -> None:
+        found = self._guard.nonfinite_parameter(self.module, self._parallel)
         if found is not None:
             raise self._guard.state_error(found, self._training_step)
 
