@@ -107,7 +107,8 @@ def test_unknown_hyperparameter_message_reads_naturally() -> None:
         optiplug.factory("adamw", weight_decya=0.1)
     assert str(caught.value) == (
         "unknown hyperparameter 'weight_decya' for optimizer adamw; did you mean "
-        "'weight_decay'? (accepted: amsgrad, betas, eps, lr, maximize, weight_decay)"
+        "'weight_decay'? (accepted: amsgrad, betas, eps, lr, maximize, weight_decay, "
+        "weight_decay_mode)"
     )
     assert (caught.value.field, caught.value.value) == ("weight_decya", "<unknown keyword>")
 

@@ -880,3 +880,17 @@ def test_plugin_module_imports_neither_torch_nor_triton() -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != availability.INTERPRET_VARIABLE}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_lion_triton_takes_the_registered_config_and_refuses_cautious_decay(
+    interpret: None,
+) -> None:
+    # the registered lion gained weight_decay_mode: the kernel still serves its default...
+    param = torch.nn.Parameter(torch.ones(4096))
+    optimizer = optiplug.create("lion", [param], impl="triton", lr=1e-2, weight_decay=0.1)
+    assert optimizer.param_groups[0]["weight_decay_mode"] == "decoupled"
+    # ...and refuses the mode it does not implement, adding nothing
+    with pytest.raises(HyperparameterError, match=r"weight_decay_mode.*cautious"):
+        optiplug.create(
+            "lion", [param], impl="triton", lr=1e-2, weight_decay=0.1, weight_decay_mode="cautious"
+        )

@@ -176,7 +176,9 @@ def test_state_dict_round_trip_deepcopy_and_pickle() -> None:
         torch.testing.assert_close(clone.state_dict()["state"], state["state"])
     fresh = Lion(params, lr=0.01, impl="loop")
     fresh.load_state_dict(state)
-    torch.testing.assert_close(fresh.state_dict(), optimizer.state_dict())
+    ours, theirs = fresh.state_dict(), optimizer.state_dict()
+    torch.testing.assert_close(ours["state"], theirs["state"])
+    assert ours["param_groups"] == theirs["param_groups"]  # numbers, flags and strings
     for param in params:  # loading copies: no tensor is shared with the source
         assert (
             fresh.state[param]["exp_avg"].data_ptr() != optimizer.state[param]["exp_avg"].data_ptr()
@@ -257,3 +259,69 @@ def test_compile_failure_falls_back_to_foreach_with_one_warning(tmp_path) -> Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+# ------------------------------------------------------------------ cautious weight decay
+def _cautious_reference(
+    params: list[torch.Tensor],
+    grads: list[list[torch.Tensor]],
+    lr: float,
+    wd: float,
+    betas: tuple[float, float],
+) -> list[torch.Tensor]:
+    """Lion with cautious weight decay, in float64, from the published rule.
+
+    c = b1*m + (1-b1)*g; u = sign(c); p <- p - lr*(u + wd*p*[u*p >= 0]);
+    m <- b2*m + (1-b2)*g (Chen et al. 2023 for Lion; Chen et al. 2025,
+    arXiv 2510.12402, for the mask; a zero product counts as agreement).
+    """
+    beta1, beta2 = betas
+    ps = [p.detach().double().clone() for p in params]
+    ms = [torch.zeros_like(p) for p in ps]
+    for step in grads:
+        for p, m, g in zip(ps, ms, step, strict=True):
+            g = g.double()
+            u = torch.sign(beta1 * m + (1 - beta1) * g)
+            p -= lr * (u + wd * p * (u * p >= 0).double())
+            m.mul_(beta2).add_((1 - beta2) * g)
+    return ps
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_cautious_weight_decay_matches_the_published_rule(impl: str) -> None:
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(64, 64), (33,), (256, 160)]  # 256x160 (>= 2**15 elements) takes the fused kernel
+    params = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    grads = [
+        [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes] for _ in range(4)
+    ]
+    lr, wd, betas = 0.01, 0.5, (0.9, 0.99)
+    expected = _cautious_reference(params, grads, lr, wd, betas)
+    live = [torch.nn.Parameter(p.clone()) for p in params]
+    optimizer = optiplug.create(
+        "lion", live, lr=lr, weight_decay=wd, betas=betas, weight_decay_mode="cautious", impl=impl
+    )
+    for step in grads:
+        for p, g in zip(live, step, strict=True):
+            p.grad = g.clone()
+        optimizer.step()
+    # float64 throughout; 4 steps of a few roundings each: 1e-12 is far above the
+    # rounding (about 4*8 ulps of values near 1) and far below the decay moved (lr*wd*|p|)
+    for got, want in zip(live, expected, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-12)
+    decoupled = [torch.nn.Parameter(p.clone()) for p in params]
+    plain = optiplug.create("lion", decoupled, lr=lr, weight_decay=wd, betas=betas, impl=impl)
+    for step in grads:
+        for p, g in zip(decoupled, step, strict=True):
+            p.grad = g.clone()
+        plain.step()
+    assert not torch.equal(decoupled[0].detach(), live[0].detach())  # the mask mattered
+    if impl == "fused":
+        from optiplug_lion import functional
+
+        assert functional.kernel_status().get(("cpu", torch.float64)) is True  # it ran compiled
+
+
+def test_a_bad_weight_decay_mode_names_the_choices() -> None:
+    with pytest.raises(HyperparameterError, match=r"weight_decay_mode.*decoupled, cautious"):
+        optiplug.create("lion", [torch.nn.Parameter(torch.ones(2))], weight_decay_mode="gentle")

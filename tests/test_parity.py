@@ -116,7 +116,7 @@ def test_defaults_match_the_design() -> None:
         "maximize": False,
     }
     assert defaults["adam"] == adam
-    assert defaults["adamw"] == {**adam, "weight_decay": 1e-2}
+    assert defaults["adamw"] == {**adam, "weight_decay": 1e-2, "weight_decay_mode": "decoupled"}
 
 
 @pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
@@ -142,3 +142,54 @@ def test_torch_adamw_state_dict_loads_into_ours_and_back(impl: str) -> None:
     run(mine, twin_params, 3, seed=3)
     for p, q in zip(params, twin_params, strict=True):
         torch.testing.assert_close(q, p)
+
+
+# ------------------------------------------------------------------ cautious weight decay
+def _adamw_cautious_reference(
+    params: list[torch.Tensor], grads: list[list[torch.Tensor]], lr: float, wd: float
+) -> list[torch.Tensor]:
+    """AdamW (Loshchilov & Hutter; torch's defaults betas (0.9, 0.999), eps 1e-8) in float64,
+    with cautious weight decay (Chen et al. 2025, arXiv 2510.12402):
+    u = m_hat / (sqrt(v_hat) + eps); p <- p - lr * (u + wd * p * [u * p >= 0])."""
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    ps = [p.detach().double().clone() for p in params]
+    ms = [torch.zeros_like(p) for p in ps]
+    vs = [torch.zeros_like(p) for p in ps]
+    for step, gs in enumerate(grads, start=1):
+        for p, m, v, g in zip(ps, ms, vs, gs, strict=True):
+            g = g.double()
+            m.mul_(beta1).add_((1 - beta1) * g)
+            v.mul_(beta2).add_((1 - beta2) * g * g)
+            u = (m / (1 - beta1**step)) / ((v / (1 - beta2**step)).sqrt() + eps)
+            p -= lr * (u + wd * p * (u * p >= 0).double())
+    return ps
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_adamw_cautious_weight_decay_matches_the_published_rule(impl: str) -> None:
+    generator = torch.Generator().manual_seed(5)
+    shapes = [(16, 8), (8,)]
+    params = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    grads = [
+        [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes] for _ in range(5)
+    ]
+    lr, wd = 0.01, 0.5
+    live = [torch.nn.Parameter(p.clone()) for p in params]
+    optimizer = optiplug.create(
+        "adamw", [{"params": live[:1]}, {"params": live[1:], "weight_decay_mode": "decoupled"}],
+        lr=lr, weight_decay=wd, weight_decay_mode="cautious", impl=impl,
+    )  # fmt: skip
+    torch_twin = [torch.nn.Parameter(p.clone()) for p in params[1:]]
+    plain = torch.optim.AdamW(torch_twin, lr=lr, weight_decay=wd)
+    for step in grads:
+        for p, g in zip(live, step, strict=True):
+            p.grad = g.clone()
+        torch_twin[0].grad = step[1].clone()
+        optimizer.step()
+        plain.step()
+    want = _adamw_cautious_reference(params[:1], [step[:1] for step in grads], lr, wd)[0]
+    # float64; 5 steps of ~20 roundings each near values of order 1: 1e-12 is far above
+    # that and far below the decay the mask withholds (lr * wd * |p| ~ 5e-3 per step)
+    torch.testing.assert_close(live[0].detach(), want, rtol=0, atol=1e-12)
+    assert torch.equal(live[1].detach(), torch_twin[0].detach())  # the decoupled group: torch's
+    assert optimizer.param_groups[0]["weight_decay"] == wd  # restored after each step

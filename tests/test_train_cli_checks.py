@@ -276,7 +276,7 @@ def test_header_says_what_is_trained_before_the_first_step_and_check_finds_the_c
     assert f"device: cpu; threads: {expected}\n" in before
     assert "(CPUs available to this process: " in before and "; cgroup quota: " in before
     assert re.search(
-        r"^optimizer: adamw \(lr=0\.001, betas=\(0\.9, 0\.999\), eps=1e-08, .*weight_decay=0\.01\); "
+        r"^optimizer: adamw \(lr=0\.001, betas=\(0\.9, 0\.999\), eps=1e-08, .*weight_decay=0\.01, weight_decay_mode='decoupled'\); "
         r"implementation loop \(--impl\)$",
         before,
         re.MULTILINE,

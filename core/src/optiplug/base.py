@@ -83,6 +83,7 @@ __all__ = [
     "ValidatedLoading",
     "accepts_prepared",
     "caller_stacklevel",
+    "cautious_weight_decay",
     "choose_implementation",
     "closure_loss",
     "count_layers",
@@ -398,6 +399,61 @@ def _prepare(
     return params, config, chosen.name
 
 
+def _not_torch_keywords(cls: type, options: Mapping[str, Any]) -> list[str]:
+    """Config fields the torch class's ``__init__`` does not take (optiplug's own group keys)."""
+    torch_class: type | None = next(
+        (base for base in cls.__mro__ if base.__module__.startswith("torch.optim")), None
+    )
+    if torch_class is None:
+        return []
+    accepted = inspect.signature(vars(torch_class)["__init__"]).parameters
+    return [key for key in options if key not in accepted]
+
+
+def cautious_weight_decay(optimizer: torch.optim.Optimizer, step: Callable[[], Any]) -> Any:
+    """Run ``step`` with cautious weight decay in the groups that ask for it.
+
+    A group with ``weight_decay_mode="cautious"`` and a non-zero decoupled
+    ``weight_decay`` steps without decay, then decays only the coordinates
+    where the step's update ``u`` (``p -= lr * u``) and the parameter agree
+    in sign: ``p -= lr * wd * p_old * [u * p_old >= 0]`` (Chen et al. 2025,
+    "Cautious Weight Decay", arXiv 2510.12402; a zero product counts as
+    agreement). It costs a copy of those groups' parameters during the
+    step. Other groups step as they are, in the same call.
+
+    Args:
+        optimizer: an optimizer whose ``weight_decay`` is decoupled
+            (``p *= 1 - lr * wd``, as ``torch.optim.AdamW``).
+        step: its step, called once.
+
+    Returns:
+        What ``step`` returns.
+    """
+    cautious = [
+        group
+        for group in optimizer.param_groups
+        if group.get("weight_decay_mode") == "cautious" and group["weight_decay"] != 0
+    ]
+    if not cautious:
+        return step()
+    before = [[p.detach().clone() for p in group["params"]] for group in cautious]
+    decays = [group["weight_decay"] for group in cautious]
+    for group in cautious:
+        group["weight_decay"] = 0.0
+    try:
+        found = step()
+    finally:
+        for group, decay in zip(cautious, decays, strict=True):
+            group["weight_decay"] = decay
+    with torch.no_grad():
+        for group, olds in zip(cautious, before, strict=True):
+            rate = group["lr"] * group["weight_decay"]
+            for param, old in zip(group["params"], olds, strict=True):
+                agree = (param - old) * old <= 0  # u = (old - new) / lr agrees with old
+                param.sub_(old * agree * rate)
+    return found
+
+
 # ------------------------------------------------------------------ classes
 class ValidatedLoading(torch.optim.Optimizer):
     """Mixin: ``load_state_dict`` validates first and loads all-or-nothing.
@@ -501,11 +557,21 @@ class TorchBackedOptimizer(_ContractOptimizer):
             **attrs.asdict(config, recurse=False),
             **TORCH_IMPLEMENTATION_FLAGS[chosen],
         }
+        own = {key: options.pop(key) for key in _not_torch_keywords(type(self), options)}
         super().__init__(params, **options)  # the torch class's keywords (lr=..., fused=...)
+        self.defaults.update(own)  # optiplug's own keys: groups added later get them too
+        for group in self.param_groups:
+            for key, value in own.items():
+                group.setdefault(key, value)
         self._follow(follow)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of torch's update, with the implementation measured fastest once known.
+
+        Groups with ``weight_decay_mode="cautious"`` (an algorithm with
+        decoupled weight decay that declares the mode) decay only the
+        coordinates whose update agrees in sign with the parameter
+        (:func:`cautious_weight_decay`).
 
         Args:
             closure: re-evaluates the model and returns the loss (optional).
@@ -514,7 +580,7 @@ class TorchBackedOptimizer(_ContractOptimizer):
             The closure's loss, or None.
         """
         self._take_measured_choice()
-        return super().step(closure)
+        return cautious_weight_decay(self, lambda: super(TorchBackedOptimizer, self).step(closure))
 
     def switch_implementation(self, name: str) -> None:
         """Run ``loop``, ``foreach`` or ``fused`` from the next step on.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 import optiplug
+from optiplug.errors import HyperparameterError
 from optiplug.validators import hyperparameter, non_negative
 from optiplug_adam import ADAM_STATE, AdamConfig
 
@@ -15,11 +18,32 @@ OPTIPLUG_API = 1
 _TARGET = "optiplug_adamw:AdamW"
 
 
+WEIGHT_DECAY_MODES = ("decoupled", "cautious")
+"""``decoupled``: ``p *= 1 - lr*wd`` everywhere (torch's AdamW); ``cautious``: only where the
+Adam update and the parameter agree in sign (Chen et al. 2025, arXiv 2510.12402)."""
+
+
+def _weight_decay_mode(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or value not in WEIGHT_DECAY_MODES:
+        raise HyperparameterError(
+            attribute.name, value, f"must be one of {', '.join(WEIGHT_DECAY_MODES)}"
+        )
+
+
 @attrs.frozen
 class AdamWConfig(AdamConfig):
-    """AdamW hyperparameters, as in ``torch.optim.AdamW`` (decoupled weight decay)."""
+    """AdamW hyperparameters, as in ``torch.optim.AdamW`` (decoupled weight decay).
+
+    ``weight_decay_mode="cautious"`` decays only the coordinates whose Adam
+    update agrees in sign with the parameter (Chen et al. 2025, "Cautious
+    Weight Decay", arXiv 2510.12402); it costs a copy of the parameters
+    during each step. ``"decoupled"`` (the default) is torch's AdamW exactly.
+    """
 
     weight_decay: float = hyperparameter(1e-2, non_negative, ">= 0 (decoupled: p *= 1 - lr*wd)")
+    weight_decay_mode: str = hyperparameter(
+        "decoupled", _weight_decay_mode, " | ".join(WEIGHT_DECAY_MODES)
+    )
 
 
 ADAMW_STATE = ADAM_STATE

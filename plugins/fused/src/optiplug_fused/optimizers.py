@@ -1122,6 +1122,19 @@ class TritonAdamW(_AdamBase):
 
     algorithm = "adamw"
     decoupled = True
+    hyperparameters = _AdamBase.hyperparameters | {"weight_decay_mode"}
+
+    def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        mode = group.get("weight_decay_mode", "decoupled")
+        if mode != "decoupled":  # checked when the group is added: nothing half-applied
+            raise HyperparameterError(
+                "weight_decay_mode",
+                mode,
+                "the triton kernel decays every coordinate ('decoupled'); "
+                "impl='fused', 'foreach' or 'loop' implement 'cautious'",
+                algorithm=self.algorithm,
+            )
+        return super()._kernel_arguments(group)
 
 
 class TritonSGD(TritonOptimizer):
@@ -1172,13 +1185,14 @@ class TritonLion(TritonOptimizer):
     """Lion (as optiplug-lion: sign of interpolated momentum, decoupled weight decay) in Triton.
 
     State per parameter: ``exp_avg`` (fp32). Hyperparameters as optiplug's
-    ``lion``: ``lr``, ``betas``, ``weight_decay``, ``maximize``; see
+    ``lion``: ``lr``, ``betas``, ``weight_decay``, ``maximize`` (and
+    ``weight_decay_mode="decoupled"`` only); see
     :class:`TritonOptimizer` for the constructor.
     """
 
     algorithm = "lion"
     kernel_name = "lion"
-    hyperparameters = frozenset({"lr", "betas", "weight_decay", "maximize"})
+    hyperparameters = frozenset({"lr", "betas", "weight_decay", "maximize", "weight_decay_mode"})
 
     def _state_columns(
         self, param: Tensor, state: dict[str, Any], group: Mapping[str, Any]
@@ -1190,6 +1204,15 @@ class TritonLion(TritonOptimizer):
         return [state["exp_avg"]], False
 
     def _kernel_arguments(self, group: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        mode = group.get("weight_decay_mode", "decoupled")
+        if mode != "decoupled":  # checked when the group is added: nothing half-applied
+            raise HyperparameterError(
+                "weight_decay_mode",
+                mode,
+                "the triton kernel decays every coordinate ('decoupled'); "
+                "impl='fused', 'foreach' or 'loop' implement 'cautious'",
+                algorithm=self.algorithm,
+            )
         beta1, beta2 = (_host_float(self.algorithm, "betas", b) for b in group["betas"])
         weight_decay = _host_float(self.algorithm, "weight_decay", group["weight_decay"])
         decay = _decay_factor(group["lr"], weight_decay)

@@ -69,6 +69,7 @@ class LionHyper(NamedTuple):
         beta2: momentum decay.
         weight_decay: decoupled weight decay.
         maximize: negate the gradient.
+        cautious: decay only where the update and the parameter agree in sign.
     """
 
     lr: float | Tensor
@@ -76,12 +77,25 @@ class LionHyper(NamedTuple):
     beta2: float
     weight_decay: float
     maximize: bool
+    cautious: bool = False
 
     @classmethod
     def from_group(cls, group: dict[str, Any]) -> LionHyper:
         """Read the hyperparameters of a param group."""
         beta1, beta2 = group["betas"]
-        return cls(group["lr"], beta1, beta2, group["weight_decay"], group["maximize"])
+        cautious = group.get("weight_decay_mode", "decoupled") == "cautious"
+        return cls(group["lr"], beta1, beta2, group["weight_decay"], group["maximize"], cautious)
+
+
+def _decay(param: Tensor, update: Tensor, hyper: LionHyper) -> None:
+    """``p *= 1 - lr*wd``, or under cautious decay only where ``update * p >= 0``."""
+    if hyper.weight_decay == 0:
+        return
+    if not hyper.cautious:
+        param.mul_(1 - hyper.lr * hyper.weight_decay)
+        return
+    agree = (update * param >= 0).to(param.dtype)
+    param.mul_(1 - hyper.lr * hyper.weight_decay * agree)
 
 
 def _descend(param: Tensor, update: Tensor, lr: float | Tensor) -> None:
@@ -96,8 +110,7 @@ def _lion_one(param: Tensor, grad: Tensor, exp_avg: Tensor, hyper: LionHyper) ->
     if hyper.maximize:
         grad = grad.neg()
     update = exp_avg.mul(hyper.beta1).add_(grad, alpha=1 - hyper.beta1).sign_()
-    if hyper.weight_decay != 0:
-        param.mul_(1 - hyper.lr * hyper.weight_decay)
+    _decay(param, update, hyper)
     _descend(param, update, hyper.lr)
     exp_avg.lerp_(grad, 1 - hyper.beta2)
 
@@ -133,8 +146,11 @@ def _foreach_same_kind(
     updates = list(torch._foreach_mul(exp_avgs, hyper.beta1))
     torch._foreach_add_(updates, grads, alpha=1 - hyper.beta1)
     torch._foreach_sign_(updates)
-    if hyper.weight_decay != 0:
+    if hyper.weight_decay != 0 and not hyper.cautious:
         torch._foreach_mul_(params, 1 - hyper.lr * hyper.weight_decay)
+    elif hyper.weight_decay != 0:  # the mask is per element: one tensor at a time
+        for param, update in zip(params, updates, strict=True):
+            _decay(param, update, hyper)
     _foreach_descend(params, updates, hyper.lr)
     torch._foreach_lerp_(exp_avgs, grads, 1 - hyper.beta2)
 
@@ -157,12 +173,15 @@ def lion_foreach(
 
 
 def _lion_kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, hyper: Tensor) -> None:
-    """The whole update of one flat tensor; ``hyper`` = (lr, wd, beta1, beta2, +-1)."""
-    lr, weight_decay, beta1, beta2, direction = hyper.unbind()
+    """The whole update of one flat tensor; ``hyper`` = (lr, wd, beta1, beta2, +-1, cautious)."""
+    lr, weight_decay, beta1, beta2, direction, cautious = hyper.unbind()
     g = grad.to(hyper.dtype) * direction
     m = exp_avg.to(hyper.dtype)
     update = torch.sign(m * beta1 + g * (1 - beta1))
-    param.copy_(param.to(hyper.dtype) * (1 - lr * weight_decay) - lr * update)
+    p = param.to(hyper.dtype)
+    # cautious: decay only where update * p >= 0 (the mask is 1 everywhere when not cautious)
+    mask = torch.where(update * p >= 0, 1.0, 1.0 - cautious)
+    param.copy_(p * (1 - lr * weight_decay * mask) - lr * update)
     exp_avg.copy_(m + (1 - beta2) * (g - m))
 
 
@@ -218,7 +237,7 @@ def _kernel_eligible(param: Tensor, grad: Tensor, exp_avg: Tensor) -> bool:
 def _hyper_tensor(hyper: LionHyper, param: Tensor) -> Tensor:
     dtype = torch.promote_types(param.dtype, torch.float32)
     direction = -1.0 if hyper.maximize else 1.0
-    values = [0.0, hyper.weight_decay, hyper.beta1, hyper.beta2, direction]
+    values = [0.0, hyper.weight_decay, hyper.beta1, hyper.beta2, direction, float(hyper.cautious)]
     packed = torch.tensor(values, dtype=dtype, device=param.device)
     packed[0] = hyper.lr  # a float, or a 0-d tensor copied without a host sync
     return packed
