@@ -401,13 +401,19 @@ def _prepare(
 
 def _not_torch_keywords(cls: type, options: Mapping[str, Any]) -> list[str]:
     """Config fields the torch class's ``__init__`` does not take (optiplug's own group keys)."""
+    accepted = _torch_keywords(cls)
+    return [] if accepted is None else [key for key in options if key not in accepted]
+
+
+@functools.cache
+def _torch_keywords(cls: type) -> frozenset[str] | None:
+    """The keywords of the torch class under ``cls`` (read once per class), or None."""
     torch_class: type | None = next(
         (base for base in cls.__mro__ if base.__module__.startswith("torch.optim")), None
     )
     if torch_class is None:
-        return []
-    accepted = inspect.signature(vars(torch_class)["__init__"]).parameters
-    return [key for key in options if key not in accepted]
+        return None
+    return frozenset(inspect.signature(vars(torch_class)["__init__"]).parameters)
 
 
 def cautious_weight_decay(optimizer: torch.optim.Optimizer, step: Callable[[], Any]) -> Any:
