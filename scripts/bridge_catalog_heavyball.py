@@ -138,19 +138,13 @@ RULES = {
 }
 """Keyword -> validation rule (``optiplug_heavyball.config.RULES``); bools are found by default."""
 
-_ORTHOGRAD = (
-    "OrthoGrad removes the gradient's component along the parameter, so the parameter's norm "
-    "cannot shrink toward a target of smaller norm: check_quadratic_converges (a quadratic "
-    "whose target has about 0.6x the starting norm) is skipped; every other check passes"
-)
-LIMITATIONS: dict[str, str] = {
-    "hyperball_adamw": "HyperBall keeps each matrix's norm at its initial value, so it cannot "
-    "reach a target of another norm: check_quadratic_converges (a quadratic whose target has "
-    "about 0.6x the starting norm) is skipped; every other check passes",
-    "ortho_laprop": _ORTHOGRAD,
-    "laprop_ortho": _ORTHOGRAD,
-}
+LIMITATIONS: dict[str, str] = {}
 """Registered name -> why it cannot pass optiplug's checks on CPU (found by the tests)."""
+
+KEEPS_NORM: frozenset[str] = frozenset({"hyperball_adamw", "ortho_laprop", "laprop_ortho"})
+"""Registered names whose update keeps each matrix's norm (HyperBall) or cannot shrink it
+(OrthoGrad removes the gradient's component along the parameter): tagged ``keeps-norm``, so
+the convergence check gives them a target of the starting norm, one they can reach."""
 
 EXAMPLE_HPARAMS: dict[str, dict[str, Any]] = {}
 """Registered name -> keywords the conformance checks add (e.g. a learning rate that converges)."""
@@ -294,6 +288,7 @@ def entry(name: str, cls: type) -> dict[str, Any]:
         "train_eval": callable(getattr(cls, "train", None)),
         "limitation": LIMITATIONS.get(NAMES[name], ""),
         "example_hparams": EXAMPLE_HPARAMS.get(NAMES[name], {}),
+        "keeps_norm": NAMES[name] in KEEPS_NORM,
     }
 
 
@@ -335,7 +330,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"Entry(name={row['name']!r}, target={row['target']!r}, summary={row['summary']!r}, "
             f"paper={row['paper']!r}, params=({params},), slots={slot_text}, "
             f"train_eval={row['train_eval']!r}, limitation={row['limitation']!r}, "
-            f"example_hparams={row['example_hparams']!r})"
+            f"example_hparams={row['example_hparams']!r}, keeps_norm={row['keeps_norm']!r})"
         )
     return "(\n" + ",\n".join(parts) + ",\n)"
 
@@ -389,6 +384,8 @@ class Entry(NamedTuple):
     train_eval: bool
     limitation: str
     example_hparams: dict[str, Any]
+    keeps_norm: bool = False
+    """The update keeps (or cannot shrink) each matrix's norm: tagged ``keeps-norm``."""
 
 '''.replace("{default}", LIBRARY_DEFAULT)
 

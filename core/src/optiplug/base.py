@@ -100,6 +100,7 @@ __all__ = [
     "parameter_tensors",
     "set_training",
     "torch_backed_optimizer",
+    "training_step",
     "validated_config",
     "warn_at_caller",
 ]
@@ -986,6 +987,29 @@ def set_training(optimizer: Any, training: bool) -> bool:
         or detected: callable ``train`` and ``eval`` methods).
     """
     return _mode.set_training(optimizer, training)
+
+
+def training_step(optimizer: Any, loss_of: Callable[[], Any]) -> Any:
+    """One training step the way the optimizer's spec asks (a closure, a kept graph).
+
+    Zeroes the gradients, computes ``loss_of()``, calls ``backward`` (with
+    ``create_graph=True`` when the spec declares
+    :attr:`~optiplug.OptimizerSpec.create_graph`) and steps, passing a
+    closure that does all of it when the spec declares
+    :attr:`~optiplug.OptimizerSpec.step_closure`. A loop written with it
+    runs every registered optimizer, L-BFGS and AdaHessian included::
+
+        for batch in batches:
+            loss = training_step(optimizer, lambda: loss_fn(model(batch)))
+
+    Args:
+        optimizer: any optimizer (one optiplug did not build is stepped plainly).
+        loss_of: computes the loss from the current parameters.
+
+    Returns:
+        The loss (the closure's first evaluation when a closure is used).
+    """
+    return _mode.training_step(optimizer, loss_of)
 
 
 class KernelTableOptimizer(_ContractOptimizer):

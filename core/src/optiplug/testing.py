@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ._core.lifecycle import set_training
+from ._core.lifecycle import set_training, step_needs, training_step
 from ._core.registry import Registry, bound_registry
 from ._core.specs import ImplementationSpec
 from ._state.values import copied_tensor, inner_tensors
@@ -43,6 +43,7 @@ from .errors import HyperparameterError
 
 __all__ = [
     "CHECKS",
+    "KEEPS_NORM",
     "check_deepcopy_and_pickle",
     "check_hyperparameter_errors",
     "check_no_grad_step_is_noop",
@@ -55,6 +56,10 @@ __all__ = [
 ]
 
 _DEFAULT_HPARAMS: dict[str, Any] = {"lr": 0.05}
+
+KEEPS_NORM = "keeps-norm"
+"""The capability tag of an algorithm whose update cannot change (or cannot shrink) a
+parameter's norm: :func:`check_quadratic_converges` gives it a target of the starting norm."""
 
 
 Shape = tuple[int, ...]
@@ -155,20 +160,32 @@ def _model(
     return [("layer.weight", torch.nn.Parameter(weight))]
 
 
-def _target(like: torch.Tensor) -> torch.Tensor:
+def _target(like: torch.Tensor, norm: float | None = None) -> torch.Tensor:
+    """The quadratic's target: evenly spaced values in [-1, 1], or scaled to ``norm``."""
     values = torch.linspace(-1.0, 1.0, like.numel(), dtype=torch.float64)
+    if norm is not None:
+        values = values * (norm / float(values.norm()))
     return values.reshape(like.shape).to(like.dtype)
 
 
-def _loss(named: list[tuple[str, torch.nn.Parameter]]) -> torch.Tensor:
-    return sum(((p - _target(p)) ** 2).sum() for _, p in named)  # type: ignore[return-value]
+def _loss(
+    named: list[tuple[str, torch.nn.Parameter]], norms: Mapping[str, float] | None = None
+) -> torch.Tensor:
+    """``sum ||p - target||^2``; ``norms`` gives a parameter's target norm (else the default)."""
+    return sum(  # type: ignore[return-value]
+        ((p - _target(p, (norms or {}).get(n))) ** 2).sum() for n, p in named
+    )
 
 
-def _loss_value(optimizer: Any, named: list[tuple[str, torch.nn.Parameter]]) -> float:
+def _loss_value(
+    optimizer: Any,
+    named: list[tuple[str, torch.nn.Parameter]],
+    norms: Mapping[str, float] | None = None,
+) -> float:
     """The loss at the point the optimizer evaluates (eval mode, for schedule-free)."""
     set_training(optimizer, False)
     with torch.no_grad():
-        return float(_loss(named))
+        return float(_loss(named, norms))
 
 
 def _build(
@@ -188,16 +205,20 @@ def _build(
 
 
 def _train(
-    optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]], steps: int
+    optimizer: torch.optim.Optimizer,
+    named: list[tuple[str, torch.nn.Parameter]],
+    steps: int,
+    norms: Mapping[str, float] | None = None,
 ) -> float:
-    """``steps`` steps in train mode; the loss after them, measured in eval mode."""
+    """``steps`` steps in train mode; the loss after them, measured in eval mode.
+
+    Each step is :func:`~optiplug.base.training_step`'s: a closure or a kept
+    graph where the spec asks for one.
+    """
     set_training(optimizer, True)
     for _ in range(steps):
-        optimizer.zero_grad()
-        loss = _loss(named)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-        optimizer.step()
-    return _loss_value(optimizer, named)
+        training_step(optimizer, lambda: _loss(named, norms))
+    return _loss_value(optimizer, named, norms)
 
 
 def _named(
@@ -216,11 +237,20 @@ def check_quadratic_converges(
     shape: Shape | None = None,
     dtype: Any = None,
 ) -> None:
-    """200 steps on ``||W - T||^2`` cut the loss at least tenfold (measured in eval mode)."""
+    """200 steps on ``||W - T||^2`` cut the loss at least tenfold (measured in eval mode).
+
+    For an algorithm tagged ``"keeps-norm"`` (its update keeps each
+    parameter's norm, as HyperBall does, or cannot shrink it, as OrthoGrad's
+    projection cannot), ``T`` is scaled to the parameter's starting norm, so
+    the target is one the algorithm can reach.
+    """
     named = _named(name, registry, shape, dtype)
     optimizer = _build(name, named, impl, registry, **(hparams or {}))
-    initial = _loss_value(optimizer, named)
-    final = _train(optimizer, named, 200)
+    norms = None
+    if KEEPS_NORM in bound_registry(registry).spec(name).capabilities:
+        norms = {n: float(p.detach().double().norm()) for n, p in named}
+    initial = _loss_value(optimizer, named, norms)
+    final = _train(optimizer, named, 200, norms)
     assert math.isfinite(final), f"{name}/{impl}: loss became {final}"
     assert final < 0.1 * initial, (
         f"{name}/{impl}: loss {initial:.4g} -> {final:.4g}, expected < 10%"
@@ -338,17 +368,29 @@ def check_no_grad_step_is_noop(
     shape: Shape | None = None,
     dtype: Any = None,
 ) -> None:
-    """``step()`` when no parameter has a gradient changes no parameter and keeps no state."""
+    """``step()`` when no parameter has a gradient changes no parameter and keeps no state.
+
+    An optimizer whose spec declares ``step_closure`` is given a closure that
+    computes the loss and no gradient; it only learns that no gradient came
+    once the closure has run, so it may have set up its state before: for it
+    the check asks only that no parameter moved.
+    """
     named = _named(name, registry, shape, dtype)
     before = [p.detach().clone() for _, p in named]
     optimizer = _build(name, named, impl, registry, **(hparams or {}))
     set_training(optimizer, True)
-    optimizer.step()
+    closure_needed = step_needs(optimizer)[0]
+    if closure_needed:  # a closure that computes the loss and no gradient
+        no_gradient: Callable[[], Any] = lambda: _loss(named).detach()  # noqa: E731
+        optimizer.step(no_gradient)
+    else:
+        optimizer.step()
     for (_, param), snapshot in zip(named, before, strict=True):
         assert torch.equal(param.detach(), snapshot), (
             f"{name}/{impl}: step without grads moved a parameter"
         )
-    assert not any(optimizer.state.get(p) for _, p in named), f"{name}/{impl}: state without grads"
+    stateless = closure_needed or not any(optimizer.state.get(p) for _, p in named)
+    assert stateless, f"{name}/{impl}: state without grads"
 
 
 def check_deepcopy_and_pickle(

@@ -41,7 +41,7 @@ import attrs
 import torch
 
 from .._core import ranks as _ranks
-from .._core.lifecycle import set_training
+from .._core.lifecycle import set_training, step_needs
 from .._core.registry import Registry
 from .._core.selection import CandidateReport, Selection, TuneReport, TuneTrial
 from .._core.specs import Candidate
@@ -328,20 +328,32 @@ def _scalar_loss(loss_fn: LossFn, model: torch.nn.Module, batch: Any) -> torch.T
 def _train_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, batch: Any
 ) -> float:
-    """One step; returns the loss before it (a non-finite loss is not stepped on)."""
+    """One step; returns the loss before it (a non-finite loss is not stepped on).
+
+    The step is taken as the optimizer's spec asks: gradients that keep
+    their graph, or a closure recomputing the loss on the same batch.
+    """
     set_training(optimizer, True)  # schedule-free optimizers step in their training mode
-    optimizer.zero_grad(set_to_none=True)
-    loss = _scalar_loss(loss_fn, model, batch)
-    if not loss.requires_grad:
-        raise TuneError(
-            "loss_fn(model, batch) returned a loss that does not require grad, so there is "
-            "nothing to step on: it was computed under torch.no_grad(), detached, or from "
-            "parameters that do not require grad"
-        )
-    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-    value = float(loss.detach())
+    closure_needed, create_graph = step_needs(optimizer)
+
+    def closure() -> Any:  # a tensor; torch annotates the closure as returning a float
+        optimizer.zero_grad(set_to_none=True)
+        loss = _scalar_loss(loss_fn, model, batch)
+        if not loss.requires_grad:
+            raise TuneError(
+                "loss_fn(model, batch) returned a loss that does not require grad, so there is "
+                "nothing to step on: it was computed under torch.no_grad(), detached, or from "
+                "parameters that do not require grad"
+            )
+        loss.backward(create_graph=create_graph)  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        return loss
+
+    value = float(closure().detach())
     if math.isfinite(value):
-        optimizer.step()
+        if closure_needed:
+            optimizer.step(closure)
+        else:
+            optimizer.step()
     return value
 
 

@@ -82,6 +82,7 @@ from .timing import (
     synthetic_parameters,
     tensor_kinds,
     time_steps,
+    timed_step,
 )
 
 __all__ = ["ImplementationChooser", "Tuning", "chooser_of"]
@@ -197,10 +198,11 @@ class _Warmup:
                 )
                 optimizer = _decision.build(self.impl.factory, decided)
                 set_training(optimizer, True)  # schedule-free optimizers step in training mode
+                step = timed_step(optimizer)
                 for _ in range(WARMUP_STEPS):
                     if self.stop.is_set():
                         return
-                    optimizer.step()
+                    step()
                 synchronize(self.device)
             self.optimizer = optimizer
         except Exception as error:

@@ -1,4 +1,4 @@
-"""The train/eval lifecycle some optimizers need (schedule-free methods).
+"""The train/eval lifecycle some optimizers need (schedule-free methods), and how a step is taken.
 
 A schedule-free optimizer keeps two points: it steps at one (``train()``
 mode) and its parameters must be switched to the other, the averaged one,
@@ -9,17 +9,23 @@ has not. Every loop optiplug runs calls :func:`set_training` with True before
 training steps and False before evaluating or checkpointing; for any other
 optimizer it does nothing.
 
+Some optimizers also need more than ``loss.backward(); optimizer.step()``:
+a closure (:attr:`~optiplug.OptimizerSpec.step_closure`) or gradients that
+keep their graph (:attr:`~optiplug.OptimizerSpec.create_graph`).
+:func:`training_step` takes one step the way the spec asks.
+
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .create import SPEC_ATTRIBUTE
 from .specs import OptimizerSpec
 
-__all__ = ["has_train_eval", "set_training"]
+__all__ = ["has_train_eval", "set_training", "step_needs", "training_step"]
 
 
 def has_train_eval(optimizer: Any) -> bool:
@@ -68,3 +74,52 @@ def set_training(optimizer: Any, training: bool) -> bool:
         )
     method()
     return True
+
+
+def step_needs(optimizer: Any) -> tuple[bool, bool]:
+    """What a step of ``optimizer`` needs, from its spec: ``(closure, create_graph)``.
+
+    Args:
+        optimizer: any optimizer; one optiplug did not build needs neither.
+
+    Returns:
+        Whether ``step`` must be given a closure, and whether ``backward``
+        must keep the graph.
+    """
+    spec = getattr(optimizer, SPEC_ATTRIBUTE, None)
+    if not isinstance(spec, OptimizerSpec):
+        return False, False
+    return spec.step_closure, spec.create_graph
+
+
+def training_step(optimizer: Any, loss_of: Callable[[], Any]) -> Any:
+    """One training step, taken the way the optimizer's spec asks.
+
+    Zeroes the gradients, computes ``loss_of()``, backpropagates it (keeping
+    the graph when the spec declares ``create_graph``) and steps. An
+    optimizer whose spec declares ``step_closure`` is given a closure doing
+    the same, which it may call several times (line searches, sharpness-
+    aware perturbations).
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``, in train mode if it has the
+            lifecycle (:func:`set_training`).
+        loss_of: computes the loss from the current parameters.
+
+    Returns:
+        The loss: the closure's first evaluation when one is used (what
+        torch's L-BFGS returns), else ``loss_of()``'s value.
+    """
+    closure_needed, create_graph = step_needs(optimizer)
+
+    def closure() -> Any:
+        optimizer.zero_grad()
+        loss = loss_of()
+        loss.backward(create_graph=create_graph)
+        return loss
+
+    if closure_needed:
+        return optimizer.step(closure)
+    loss = closure()
+    optimizer.step()
+    return loss

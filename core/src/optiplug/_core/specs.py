@@ -244,6 +244,15 @@ class OptimizerSpec:
             also detects the two methods on any optimizer; the flag
             declares it, so ``optiplug show`` and the conformance suite
             can rely on it.
+        step_closure: ``step`` must be given a closure that zeroes the
+            gradients, recomputes the loss, calls ``backward`` and returns
+            the loss (line searches, sharpness-aware methods, torch's
+            L-BFGS); :func:`optiplug.base.training_step` passes one.
+        create_graph: gradients must be taken with
+            ``backward(create_graph=True)``, because the step differentiates
+            them again (Hutchinson Hessian estimates: AdaHessian, Sophia-H);
+            :func:`optiplug.base.training_step` and
+            :meth:`optiplug.Graph.backward` do so.
         example_shape: the parameter shape the conformance checks use
             (None: 4x4); give one large enough for the kernels' real path
             (a blockwise-quantized state needs thousands of elements).
@@ -267,6 +276,8 @@ class OptimizerSpec:
     origin: Origin | None = None
     group_state: tuple[str, ...] = attrs.field(default=(), converter=_to_names)
     train_eval: bool = False
+    step_closure: bool = False
+    create_graph: bool = False
     example_shape: tuple[int, ...] | None = attrs.field(default=None, converter=_to_shape)
     example_dtype: str | None = None
 

@@ -30,7 +30,7 @@ import torch
 
 from .._api import factory as make_factory
 from .._core import ranks as _ranks
-from .._core.lifecycle import has_train_eval, set_training
+from .._core.lifecycle import has_train_eval, set_training, step_needs
 from .._core.selection import Selection
 from .._core.specs import Candidate
 from .._schedules.base import Schedule
@@ -199,6 +199,9 @@ class Graph:
 
         Raises:
             HyperparameterError: keywords given with a factory, or invalid ones.
+            GraphError: the optimizer needs ``step(closure)`` (its spec's
+                ``step_closure``), which a Graph's backward-then-step cannot
+                give; the Graph keeps its previous optimizer.
         """
         if isinstance(optimizer, str):
             optimizer = make_factory(optimizer, **hparams)
@@ -211,7 +214,14 @@ class Graph:
             )
         named = [(name, p) for name, p in self.module.named_parameters() if p.requires_grad]
         with ranks_agree(getattr(optimizer, "registry", None)):
-            self.optimizer = optimizer(named)
+            built = optimizer(named)
+        if step_needs(built)[0]:
+            raise GraphError(
+                f"{type(built).__name__} needs step(closure), which re-evaluates the loss "
+                "inside the step; a Graph steps after backward: train it in a loop of "
+                "optiplug.base.training_step(optimizer, loss_of) instead"
+            )
+        self.optimizer = built
         set_training(self.optimizer, self._optimizer_training)
         self.base_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
         selected_schedule = getattr(optimizer, "schedule", None)
@@ -389,6 +399,9 @@ class Graph:
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``, divided by ``accumulate`` and scaled for fp16.
 
+        The graph is kept (``create_graph=True``) when the optimizer's spec
+        declares :attr:`~optiplug.OptimizerSpec.create_graph` (AdaHessian).
+
         A non-finite loss is not backpropagated (under DDP: on any rank, then
         on none): with the ``"stop"`` policy it raises, with ``"skip"`` this
         accumulation's step will be skipped.
@@ -404,7 +417,8 @@ class Graph:
             self._drop_accumulation()
             raise self._guard.loss_error(loss, self._training_step)
         loss = self._precision.scale(loss / self.accumulate)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        create_graph = self.optimizer is not None and step_needs(self.optimizer)[1]
+        loss.backward(create_graph=create_graph)  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def _drop_accumulation(self) -> None:
         """Forget this accumulation: zero the gradients, put the buffers back, rewind the counter."""

@@ -476,6 +476,10 @@ def _origin_lines(spec: OptimizerSpec) -> list[str]:
         lines.append(
             "lifecycle: call optimizer.train() before steps, optimizer.eval() before evaluating"
         )
+    if spec.step_closure:
+        lines.append("step: needs step(closure); optiplug.base.training_step passes one")
+    if spec.create_graph:
+        lines.append("backward: needs create_graph=True (Graph and training_step keep it)")
     if spec.group_state:
         lines.append(f"group state (running, not hyperparameters): {', '.join(spec.group_state)}")
     if spec.example_shape is not None or spec.example_dtype is not None:

@@ -47,6 +47,8 @@ class Entry(NamedTuple):
     train_eval: bool
     limitation: str
     example_hparams: dict[str, Any]
+    keeps_norm: bool = False
+    """The update keeps (or cannot shrink) each matrix's norm: tagged ``keeps-norm``."""
 
 
 EXCLUDED: dict[str, str] = {
@@ -97,6 +99,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="adamw",
@@ -134,6 +137,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="ademamix",
@@ -173,6 +177,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="adopt",
@@ -211,6 +216,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_kl_shampoo",
@@ -260,6 +266,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_kl_soap",
@@ -308,6 +315,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_soap",
@@ -356,6 +364,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_soap_ademamix",
@@ -408,6 +417,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_soap_nadam",
@@ -459,6 +469,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="heavy_solp",
@@ -507,6 +518,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="hyperball_adamw",
@@ -537,8 +549,9 @@ CATALOG: tuple[Entry, ...] = (
         ),
         slots=None,
         train_eval=False,
-        limitation="HyperBall keeps each matrix's norm at its initial value, so it cannot reach a target of another norm: check_quadratic_converges (a quadratic whose target has about 0.6x the starting norm) is skipped; every other check passes",
+        limitation="",
         example_hparams={},
+        keeps_norm=True,
     ),
     Entry(
         name="kl_shampoo",
@@ -588,6 +601,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="kl_soap",
@@ -636,6 +650,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="laprop",
@@ -673,6 +688,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="laprop_ortho",
@@ -708,8 +724,9 @@ CATALOG: tuple[Entry, ...] = (
             Slot("mars_mars_old_grad_4", "tensor", "param", "float", "mars"),
         ),
         train_eval=False,
-        limitation="OrthoGrad removes the gradient's component along the parameter, so the parameter's norm cannot shrink toward a target of smaller norm: check_quadratic_converges (a quadratic whose target has about 0.6x the starting norm) is skipped; every other check passes",
+        limitation="",
         example_hparams={},
+        keeps_norm=True,
     ),
     Entry(
         name="lather",
@@ -778,6 +795,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="msam_laprop",
@@ -819,6 +837,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=True,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="muon",
@@ -857,6 +876,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="muon_adamw",
@@ -890,6 +910,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="muon_laprop",
@@ -927,6 +948,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="nadam",
@@ -967,6 +989,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="ortho_laprop",
@@ -1002,8 +1025,9 @@ CATALOG: tuple[Entry, ...] = (
             Slot("mars_mars_old_grad_4", "tensor", "param", "float", "mars"),
         ),
         train_eval=False,
-        limitation="OrthoGrad removes the gradient's component along the parameter, so the parameter's norm cannot shrink toward a target of smaller norm: check_quadratic_converges (a quadratic whose target has about 0.6x the starting norm) is skipped; every other check passes",
+        limitation="",
         example_hparams={},
+        keeps_norm=True,
     ),
     Entry(
         name="psgd_kron",
@@ -1069,6 +1093,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="psgd_lra",
@@ -1128,6 +1153,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="psgd_pro",
@@ -1191,6 +1217,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="qsgd",
@@ -1254,6 +1281,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="rmsprop",
@@ -1292,6 +1320,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="scion",
@@ -1328,6 +1357,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="sf_adamw",
@@ -1367,6 +1397,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=True,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="sgd",
@@ -1400,6 +1431,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="sign_laprop",
@@ -1437,6 +1469,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="soap",
@@ -1485,6 +1518,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="soap_ademamix",
@@ -1537,6 +1571,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="soap_nadam",
@@ -1588,6 +1623,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="solp",
@@ -1636,6 +1672,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="suds_adamw",
@@ -1676,6 +1713,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
     Entry(
         name="unscaled_adamw",
@@ -1713,6 +1751,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         limitation="",
         example_hparams={},
+        keeps_norm=False,
     ),
 )
 """Every registered heavyball optimizer, sorted by name."""

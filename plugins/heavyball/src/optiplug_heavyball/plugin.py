@@ -54,6 +54,7 @@ def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
         train_eval=entry.train_eval,
         example_dtype=EXAMPLE_DTYPE,
         example_hparams=entry.example_hparams,
+        capabilities=("keeps-norm",) if entry.keeps_norm else (),
     )
 
 

@@ -61,6 +61,8 @@ class Entry:
         train_eval: it needs ``train()`` before steps and ``eval()`` before
             evaluation and checkpoints.
         description: one paragraph for ``optiplug show``.
+        step_closure: ``step`` needs a closure (the closure forms, which
+            evaluate the gradient at the interpolated point themselves).
         limitation: why it cannot pass optiplug's checks ("" if it can).
         example_hparams: keywords the conformance checks add.
     """
@@ -74,6 +76,7 @@ class Entry:
     group_state: tuple[str, ...]
     train_eval: bool
     description: str
+    step_closure: bool = False
     limitation: str = ""
     example_hparams: dict[str, Any] = attrs.field(factory=dict)
 
@@ -95,10 +98,6 @@ _Y = StateSlot("y", description="the interpolated iterate y (the gradient point)
 _RUNNING = ("k", "weight_sum", "lr_max", "scheduled_lr")
 _TRAIN = ("k", "train_mode", "weight_sum", "lr_max", "scheduled_lr")
 
-_CLOSURE = (
-    "needs a closure: step(closure) evaluates the gradient at the interpolated point "
-    "itself, and the conformance suite steps without one"
-)
 _WRAPPER = (
     "wraps an optimizer object (Wrapper(base, ...)), not parameters; it is no "
     "torch.optim.Optimizer and keeps its mode outside state_dict(): build the base with "
@@ -165,7 +164,7 @@ CATALOG: tuple[Entry, ...] = (
         train_eval=False,
         description="Schedule-Free AdamW, closure form: step(closure) evaluates the "
         "gradient at the interpolated point, so no train()/eval() is needed.",
-        limitation=_CLOSURE,
+        step_closure=True,
     ),
     Entry(
         name="adamw_schedulefree_paper",
@@ -215,7 +214,8 @@ CATALOG: tuple[Entry, ...] = (
         group_state=_RUNNING,
         train_eval=False,
         description="Schedule-Free RAdam, closure form.",
-        limitation=_CLOSURE,
+        step_closure=True,
+        example_hparams={"betas": (0.9, 0.99)},  # as radam_schedulefree's, for the same reason
     ),
     Entry(
         name="sgd_schedulefree",
@@ -238,7 +238,7 @@ CATALOG: tuple[Entry, ...] = (
         group_state=_RUNNING,
         train_eval=False,
         description="Schedule-Free SGD, closure form.",
-        limitation=_CLOSURE,
+        step_closure=True,
     ),
     Entry(
         name="sgd_schedulefree_reference",

@@ -59,6 +59,7 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
         ),
         group_state=item.group_state,
         train_eval=item.train_eval,
+        step_closure=item.step_closure,
         example_hparams=item.example_hparams,
     )
 
