@@ -6,38 +6,79 @@ catalogue's schema), only the keywords the class names passed on, an honest
 ``impl`` and validated, all-or-nothing state loading. Classes are built on
 first access and cached, so they pickle by reference.
 
-Three adaptations, each for a way the library departs from
+The adaptations, each for a way the library departs from
 ``torch.optim.Optimizer``'s conventions (listed in the bridge's docs):
 
 * a step when no parameter has a gradient does nothing, as torch's
   optimizers do (some classes raise ``ZeroParameterSizeError`` there);
 * param-group keys the class keeps as 1-element tensors (D-Adaptation's
   ``d``, Prodigy's ``d_numerator``...) are saved as 0-d tensors, which
-  optiplug's group-state checks accept, and reshaped back before the next
-  step; group values that are a ``torch.dtype`` (ROSE's ``compute_dtype``)
+  optiplug's group-state checks accept, and reshaped back when loaded;
+  group values that are a ``torch.dtype`` (ROSE's ``compute_dtype``)
   or a dict (SCION's ``norm_kwargs``) are saved as flat tuples
   (``("torch.dtype", "float64")``, ``("dict", key, value, ...)``) and
-  decoded before the next step;
+  decoded when loaded;
 * state the class keeps in ``optimizer.state`` under a key that is no
-  parameter (MADGRAD's step count ``k``, EmoNavi's loss averages ``ema``)
-  is saved in the first param group as ``global:<key>`` (a running group
-  key) and put back before the next step;
+  parameter (MADGRAD's step count ``k``, EmoNavi's loss averages ``ema``,
+  SPAM's step counters ``total_step`` and ``current_step``) is saved in the
+  first param group as ``global:<key>`` (a running group key) and put back
+  when loaded;
+* running state the class keeps as attributes of the optimizer (Ranger21's
+  lookahead counter and learning rates, StableSPAM's step count, the SPAM
+  family's cosine warmup, whose state dict is nested) is saved in the first
+  param group as ``attr:<name>`` (a plain value, or a nested state dict
+  flattened into a tuple ``("tree", ...)``) and put back when loaded; the
+  top-level keys the class's own ``state_dict()`` adds for them are left out;
+* per-parameter state held in nested containers (AggMo's dict of momentum
+  buffers, AdaShift's deque of past gradients, DASH's list of block dicts)
+  is kept between steps as the list of its tensors under the slot's name
+  and its structure as a tuple of plain values under ``<slot>:layout``,
+  which checkpoints store and the memory report counts; the step rebuilds
+  the containers and packs them again after the update;
+* per-parameter state that is a non-contiguous view is packed as a
+  contiguous copy, the layout a checkpoint gives back, so a resumed run
+  multiplies the same memory layouts, bit for bit;
+* a step that draws random numbers (Kron, AdaHessian, SophiaH, SPAM) runs
+  on torch's and NumPy's global generators seeded from the wrapper's own
+  stream (a seed drawn at construction plus the step count, both saved as
+  ``attr:`` keys), and their states are put back afterwards: a resumed run
+  draws the same numbers and the caller's stream is untouched;
+* a copy (``copy.deepcopy``, ``pickle``) keeps the attributes the class
+  set in its constructor (torch's ``Optimizer.__getstate__`` keeps only
+  ``defaults``, ``state`` and ``param_groups``, so a copy of a class that
+  reads its settings from attributes, FlashAdamW's ``compress_state_dict``
+  or Ranger21's ``lookahead_step``, failed or lost them); an attribute
+  holding one of the constructor's default functions (ADOPT's lambda
+  ``clip_lambda``) is pickled as a reference to that default;
+* a closure runs with gradients enabled, as torch's L-BFGS runs it (AliG
+  calls it inside its own ``no_grad`` step);
+* a class that takes a model (AdamMini, which partitions by parameter
+  name) is given a :class:`ParameterModule` holding exactly the given
+  parameters under their names;
 * the Muon family requires a ``use_muon`` key in every group: groups
   without one are split, matrices (2-D and up) on Muon and the rest on the
   class's AdamW, the rule the library's ``prepare_muon_parameters`` applies;
   every group also gets ``use_adamw`` (``not use_muon``, which the library
   ignores), so the state schema can say which slots each group keeps.
+
+A loaded optimizer is restored (every saved form above put back) as it is
+loaded, by ``__setstate__``, which both optiplug's and torch's loaders call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar, NamedTuple
 
 import attrs
+import numpy
 import torch
+from pytorch_optimizer.optimizer.utils import galore, graft, partition, preconditioner
 
 from optiplug.base import ExternalOptimizer, Prepared, external_optimizer
 from optiplug.errors import HyperparameterError
@@ -47,7 +88,14 @@ from .plugin import PLUGIN, class_name
 from .schema import config_class
 from .table import REQUIRED, Entry, LibraryDefault
 
-__all__ = ["BridgedOptimizer", "wrapper"]
+__all__ = [
+    "BridgedOptimizer",
+    "ParameterModule",
+    "module_of",
+    "pack_value",
+    "unpack_value",
+    "wrapper",
+]
 
 _ENTRIES: dict[str, Entry] = {class_name(entry): entry for entry in ENTRIES}
 _BUILT: dict[str, type[ExternalOptimizer]] = {}
@@ -67,6 +115,9 @@ class BridgedOptimizer(ExternalOptimizer):
         if self.catalog_entry.muon_groups:
             params = _with_use_muon(params)
         super().__init__(params, *args, **kwargs)
+        if self.catalog_entry.own_rng:
+            self.bridge_rng_seed = int(torch.randint(0, _SEEDS, ()).item())
+            self.bridge_rng_step = 0
 
     def _validated(self, params: list[Any], hparams: dict[str, Any]) -> dict[str, Any]:
         keywords = super()._validated(params, hparams)
@@ -83,28 +134,85 @@ class BridgedOptimizer(ExternalOptimizer):
     def state_dict(self) -> dict[str, Any]:
         """The class's state dict in the form optiplug stores (see the module docstring)."""
         state = super().state_dict()
+        groups = state["param_groups"]
         shapes = dict(self.catalog_entry.group_tensors)
-        for group in state["param_groups"]:
+        for group in groups:
             for key, value in list(group.items()):
                 if key in shapes and isinstance(value, torch.Tensor) and value.numel() == 1:
                     group[key] = value.reshape(())
                 elif isinstance(value, (torch.dtype, dict)):
                     group[key] = _encoded(value)
-        for key, _, _ in self.catalog_entry.global_state:
-            if key in state["state"] and state["param_groups"]:
-                value = state["state"].pop(key)
-                stored = value.reshape(()) if isinstance(value, torch.Tensor) else _encoded(value)
-                state["param_groups"][0][f"global:{key}"] = stored
+        for key, kind, _ in self.catalog_entry.global_state:
+            if key in state["state"] and groups:
+                groups[0][f"global:{key}"] = _stored(kind, state["state"].pop(key))
+        for name, kind in self.catalog_entry.attributes:
+            state.pop(name, None)  # the class's own top-level copy: carried in the group instead
+            if groups:
+                groups[0][f"attr:{name}"] = _stored_attribute(kind, getattr(self, name))
         return state
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Torch's state plus every attribute the class set (its settings and counters).
+
+        An attribute holding one of the constructor's own default functions
+        (ADOPT's ``clip_lambda``, a lambda, which cannot be pickled) is
+        saved as a reference to that default.
+        """
+        state = super().__getstate__()
+        defaults = _function_defaults(self.external_class)
+        own = {
+            key: _DefaultFunction(defaults[id(value)][1]) if id(value) in defaults else value
+            for key, value in self.__dict__.items()
+            if key not in _TORCH_ATTRIBUTES and not key.startswith("_optiplug") and key not in state
+        }
+        return {**own, **state}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Torch's ``__setstate__``, then the saved forms put back (a load calls it too)."""
+        functions = _function_defaults(self.external_class)
+        by_keyword = {keyword: function for function, keyword in functions.values()}
+        state = {
+            key: by_keyword[value.keyword] if isinstance(value, _DefaultFunction) else value
+            for key, value in state.items()
+        }
+        super().__setstate__(state)
+        if "param_groups" in self.__dict__:
+            self._restore()
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """The class's step; nothing when no parameter has a gradient and there is no closure."""
+        """The class's step; nothing when no parameter has a gradient and there is no closure.
+
+        A closure runs with gradients enabled, as torch's L-BFGS runs it (AliG
+        calls it inside its own ``no_grad`` step).
+        """
         if closure is None and not any(
             p.grad is not None for group in self.param_groups for p in group["params"]
         ):
             return None
+        if closure is not None:
+            closure = torch.enable_grad()(closure)
         self._restore()
-        return super().step(closure)
+        self._unpack()
+        try:
+            if not self.catalog_entry.own_rng:
+                return super().step(closure)
+            with _seeded(self.bridge_rng_seed + self.bridge_rng_step, self._devices()):
+                loss = super().step(closure)
+            self.bridge_rng_step += 1
+            return loss
+        finally:
+            self._pack()
+
+    def _devices(self) -> list[int]:
+        """The CUDA devices holding parameters (their generators are seeded too)."""
+        return sorted(
+            {
+                p.get_device()
+                for group in self.param_groups
+                for p in group["params"]
+                if p.device.type == "cuda"
+            }
+        )
 
     def _restore(self) -> None:
         """Undo :meth:`state_dict`'s storage forms in a loaded optimizer (a no-op otherwise)."""
@@ -115,13 +223,116 @@ class BridgedOptimizer(ExternalOptimizer):
                 if shape is not None and isinstance(value, torch.Tensor):
                     if tuple(value.shape) != shape and value.numel() == math.prod(shape):
                         group[key] = value.reshape(shape)
-                elif _is_encoded(value) and not key.startswith("global:"):
+                elif _is_encoded(value) and not key.startswith(("global:", "attr:")):
                     group[key] = _decoded(value)
+        first = self.param_groups[0] if self.param_groups else {}
         state: dict[Any, Any] = self.state  # the library keys its global state by name
         for key, kind, shape in self.catalog_entry.global_state:
-            stored = self.param_groups[0].pop(f"global:{key}", None) if self.param_groups else None
-            if stored is not None:
-                state[key] = stored.reshape(shape) if kind == "tensor" else _decoded(stored)
+            if f"global:{key}" in first:
+                stored = first.pop(f"global:{key}")
+                state[key] = stored.reshape(shape) if kind == "tensor" else _loaded(kind, stored)
+        for name, kind in self.catalog_entry.attributes:
+            if f"attr:{name}" in first:
+                self._set_attribute(name, kind, first.pop(f"attr:{name}"))
+
+    def _set_attribute(self, name: str, kind: str, stored: Any) -> None:
+        """Put back attribute ``name`` from its saved form."""
+        if kind == "value":
+            setattr(self, name, stored)
+        elif stored is not None and getattr(self, name) is not None:
+            getattr(self, name).load_state_dict(_decoded(stored))
+
+    def _unpack(self) -> None:
+        """Rebuild the packed slots' containers (see the module docstring) for a step."""
+        for name in self.catalog_entry.packed:
+            for slots in self._param_states():
+                layout = slots.pop(f"{name}:layout", None)
+                if layout is not None:
+                    slots[name] = unpack_value(layout, slots[name])
+
+    def _pack(self) -> None:
+        """Store the packed slots as their tensors and a layout tuple, between steps."""
+        for name in self.catalog_entry.packed:
+            for slots in self._param_states():
+                if name in slots and f"{name}:layout" not in slots:
+                    slots[name], slots[f"{name}:layout"] = pack_value(slots[name])
+
+    def _param_states(self) -> Iterator[dict[str, Any]]:
+        """The state entry of every parameter that has one."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                slots = self.state.get(param)
+                if slots:
+                    yield slots
+
+
+_SEEDS = 1 << 62
+"""Seeds of the wrapper's own random stream are drawn below this."""
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, devices: list[int]) -> Iterator[None]:
+    """Run the block on torch's and NumPy's global generators seeded with ``seed``.
+
+    Their states are put back afterwards: the caller's random stream is left
+    as it was.
+    """
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed % _SEEDS)
+        for index in devices:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed % _SEEDS)
+        numpy_state = numpy.random.get_state()
+        numpy.random.seed(seed % (1 << 32))
+        try:
+            yield
+        finally:
+            numpy.random.set_state(numpy_state)
+
+
+class _DefaultFunction(NamedTuple):
+    """A picklable reference to a function the class's constructor has as a default."""
+
+    keyword: str
+
+
+_FUNCTION_DEFAULTS: dict[type, dict[int, tuple[Any, str]]] = {}
+
+
+def _function_defaults(cls: type) -> dict[int, tuple[Any, str]]:
+    """``{id(function): (function, keyword)}`` for the functions ``cls.__init__`` defaults to."""
+    if cls not in _FUNCTION_DEFAULTS:
+        parameters = inspect.signature(cls).parameters.values()
+        _FUNCTION_DEFAULTS[cls] = {
+            id(p.default): (p.default, p.name) for p in parameters if inspect.isfunction(p.default)
+        }
+    return _FUNCTION_DEFAULTS[cls]
+
+
+_TORCH_ATTRIBUTES = frozenset(vars(torch.optim.Optimizer([torch.zeros(1)], {})))
+"""The attributes torch's ``Optimizer`` sets itself (its ``__setstate__`` restores them)."""
+
+
+def _stored(kind: str, value: Any) -> Any:
+    """One global state value as a plain group value: a 0-d tensor, a flat tuple or a number."""
+    if kind == "tensor":
+        return value.reshape(())
+    return _encoded(value) if kind == "dict" else value
+
+
+def _loaded(kind: str, stored: Any) -> Any:
+    """Invert :func:`_stored` (but for a tensor's shape)."""
+    return _decoded(stored) if kind == "dict" else stored
+
+
+def _stored_attribute(kind: str, value: Any) -> Any:
+    """An attribute as a plain group value: itself, or its object's state dict as a tree tuple."""
+    if kind == "value" or value is None:
+        return value
+    tensors, layout = pack_value(value.state_dict())
+    if tensors:
+        raise TypeError("an attribute's state dict holding tensors cannot be a group value")
+    return ("tree", *layout)
 
 
 def _encoded(value: torch.dtype | dict[str, Any]) -> tuple[Any, ...]:
@@ -132,15 +343,151 @@ def _encoded(value: torch.dtype | dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _is_encoded(value: Any) -> bool:
-    return isinstance(value, tuple) and value[:1] in (("torch.dtype",), ("dict",))
+    return isinstance(value, tuple) and value[:1] in (("torch.dtype",), ("dict",), ("tree",))
 
 
 def _decoded(value: tuple[Any, ...]) -> Any:
-    """The dtype or dict :func:`_encoded` stored."""
+    """The dtype, dict or tree :func:`_encoded` or :func:`_stored_attribute` stored."""
     if value[0] == "torch.dtype":
         return getattr(torch, value[1])
+    if value[0] == "tree":
+        return unpack_value(value[1:], [])
     items = value[1:]
     return dict(zip(items[0::2], items[1::2], strict=True))
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def pack_value(value: Any) -> tuple[list[torch.Tensor], tuple[Any, ...]]:
+    """A nested value as ``(its tensors, in order; its structure as plain values)``.
+
+    The structure is written in prefix form: ``"tensor"`` (the next tensor),
+    ``"value", v`` (a plain value), ``"dict", n`` then n keys and values,
+    ``"object", class, n`` then n attribute names and values (an instance
+    of one of the library's helper classes, see :func:`_packable_objects`),
+    ``"list", n``, ``"tuple", n`` or ``"size", n`` (a ``torch.Size``) then
+    n items, ``"deque", maxlen, n`` then n items.
+
+    A tensor that is a non-contiguous view (GaLore's transposed orthogonal
+    matrix) is stored as a contiguous copy, the layout a checkpoint restores,
+    so a resumed run multiplies the same memory layouts, bit for bit.
+
+    Raises:
+        TypeError: a value of another type.
+    """
+    tensors: list[torch.Tensor] = []
+    layout: list[Any] = []
+    _pack_into(value, tensors, layout)
+    return tensors, tuple(layout)
+
+
+def _pack_into(value: Any, tensors: list[torch.Tensor], layout: list[Any]) -> None:
+    if isinstance(value, torch.Tensor):
+        layout.append("tensor")
+        tensors.append(value.contiguous())  # as a checkpoint gives it back: same kernels after
+    elif isinstance(value, _PLAIN):
+        layout += ["value", _plain(value)]
+    elif isinstance(value, dict) or _object_name(value):
+        items = value if isinstance(value, dict) else vars(value)
+        head = ["dict"] if isinstance(value, dict) else ["object", _object_name(value)]
+        layout += [*head, len(items)]
+        for key, item in items.items():
+            _pack_into(key, tensors, layout)
+            _pack_into(item, tensors, layout)
+    elif isinstance(value, (list, tuple, deque)):
+        layout += [*_sequence_head(value), len(value)]
+        for item in value:
+            _pack_into(item, tensors, layout)
+    else:
+        raise TypeError(f"cannot pack a {type(value).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    """A plain value as its base type (an ``IntEnum`` member as its int)."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def _sequence_head(value: list[Any] | tuple[Any, ...] | deque[Any]) -> list[Any]:
+    if isinstance(value, deque):
+        return ["deque", value.maxlen]
+    if isinstance(value, torch.Size):
+        return ["size"]
+    return ["tuple" if isinstance(value, tuple) else "list"]
+
+
+def _packable_objects() -> dict[str, type]:
+    """The library's helper classes whose instances per-parameter state may hold.
+
+    Only these are rebuilt from a layout (a checkpoint names a class by its
+    name here, never by an import path).
+    """
+    if not _OBJECTS:
+        classes = (
+            galore.GaLoreProjector,
+            preconditioner.PreConditioner,
+            partition.BlockPartitioner,
+            graft.Graft,
+            graft.SGDGraft,
+            graft.SQRTNGraft,
+            graft.AdaGradGraft,
+            graft.RMSPropGraft,
+        )
+        _OBJECTS.update({cls.__name__: cls for cls in classes})
+    return _OBJECTS
+
+
+_OBJECTS: dict[str, type] = {}
+
+
+def _object_name(value: Any) -> str:
+    """The name :func:`_packable_objects` knows ``value``'s exact class by, else ""."""
+    name = type(value).__name__
+    return name if _packable_objects().get(name) is type(value) else ""
+
+
+def unpack_value(layout: tuple[Any, ...], tensors: list[torch.Tensor]) -> Any:
+    """Invert :func:`_packed`."""
+    return _Reader(layout, tensors).node()
+
+
+class _Reader:
+    """Reads one prefix-form layout (see :func:`_packed`) back into its value."""
+
+    def __init__(self, layout: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
+        self.tokens = iter(layout)
+        self.tensors = iter(tensors)
+
+    def node(self) -> Any:
+        tag = next(self.tokens)
+        if tag == "tensor":
+            return next(self.tensors)
+        if tag == "value":
+            return next(self.tokens)
+        if tag == "dict":
+            return self.mapping()
+        if tag == "object":
+            cls = _packable_objects()[next(self.tokens)]
+            instance: Any = object.__new__(cls)
+            vars(instance).update(self.mapping())
+            return instance
+        maxlen = next(self.tokens) if tag == "deque" else None
+        items = [self.node() for _ in range(next(self.tokens))]
+        if tag == "deque":
+            return deque(items, maxlen=maxlen)
+        if tag == "size":
+            return torch.Size(items)
+        return tuple(items) if tag == "tuple" else items
+
+    def mapping(self) -> dict[Any, Any]:
+        result = {}
+        for _ in range(next(self.tokens)):
+            key = self.node()
+            result[key] = self.node()
+        return result
 
 
 def _with_use_muon(params: Iterable[Any] | Prepared) -> Any:
@@ -185,12 +532,72 @@ def _split(group: dict[str, Any]) -> list[dict[str, Any]]:
     return result
 
 
+class ParameterModule(torch.nn.Module):
+    """A module holding given parameters under their (dotted) names, and nothing else."""
+
+
+def module_of(params: Iterable[Any]) -> torch.nn.Module:
+    """A :class:`ParameterModule` holding ``params`` under their names.
+
+    Args:
+        params: tensors (named by position: ``"0"``, ``"1"``...) or ``(name,
+            tensor)`` pairs; a dotted name (``"layer.weight"``) makes
+            submodules, so ``named_parameters()`` gives the names back.
+
+    Raises:
+        TypeError: a param-group dict (the class makes its own groups).
+    """
+    root = ParameterModule()
+    for index, item in enumerate(params):
+        if isinstance(item, dict):
+            raise TypeError(
+                "this optimizer makes its own param groups (one per parameter, by name): "
+                "give parameters or (name, parameter) pairs"
+            )
+        name, param = item if isinstance(item, tuple) else (str(index), item)
+        *path, leaf = name.split(".")
+        owner: torch.nn.Module = root
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, ParameterModule())
+            owner = getattr(owner, part)
+        if isinstance(param, torch.nn.Parameter):
+            owner.register_parameter(leaf, param)
+        else:  # a plain tensor (register_parameter takes Parameters only): held as it is
+            owner._parameters[leaf] = param
+    return root
+
+
+def _from_parameters(cls: type) -> type:
+    """A subclass of ``cls`` (whose first argument is a model) taking parameters instead."""
+    init = next(k.__dict__["__init__"] for k in cls.__mro__ if "__init__" in k.__dict__)
+    signature = inspect.signature(init)
+    first = list(signature.parameters.values())[1]
+
+    def __init__(self: Any, params: Iterable[Any], *args: Any, **kwargs: Any) -> None:
+        init(self, module_of(params), *args, **kwargs)
+
+    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[
+            p.replace(name="params") if p is first else p for p in signature.parameters.values()
+        ]
+    )
+    namespace = {
+        "__init__": __init__,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+    }
+    return type(cls.__name__, (cls,), namespace)
+
+
 def wrapper(entry: Entry) -> type[ExternalOptimizer]:
     """The (cached) wrapper class of ``entry``."""
     name = class_name(entry)
     if name not in _BUILT:
         module, _, qualname = entry.target.partition(":")
         library_class = getattr(importlib.import_module(module), qualname)
+        if entry.takes_model:
+            library_class = _from_parameters(library_class)
         base = external_optimizer(
             f"{PLUGIN}:{entry.name}",
             library_class,

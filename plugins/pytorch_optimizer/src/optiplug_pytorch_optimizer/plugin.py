@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import optiplug
 
 from .catalog import ENTRIES, LIBRARY, VERSION
@@ -49,12 +51,16 @@ def implementations(entry: Entry) -> tuple[optiplug.ImplementationSpec, ...]:
     """
     names = ["loop", *entry.flags] if entry.flags else ["default"]
     target = f"optiplug_pytorch_optimizer.optimizers:{class_name(entry)}"
+    unavailable = dict(entry.unavailable)
     return tuple(
         optiplug.ImplementationSpec(
             entry.name,
             name,
             optiplug.lazy(target, impl=name),
             priority=_PRIORITY[name],
+            availability=functools.partial(_unavailable, unavailable[name])
+            if name in unavailable
+            else None,
             description=f"{class_name(entry)} with "
             + (
                 f"{name}=True"
@@ -66,6 +72,11 @@ def implementations(entry: Entry) -> tuple[optiplug.ImplementationSpec, ...]:
         )
         for name in names
     )
+
+
+def _unavailable(reason: str) -> str:
+    """An implementation's availability check that always gives ``reason``."""
+    return reason
 
 
 def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
@@ -86,6 +97,8 @@ def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
             limitation=entry.limitation,
         ),
         group_state=entry.group_state,
+        step_closure=entry.closure,
+        create_graph=entry.create_graph,
         train_eval=entry.train_eval,
         example_hparams=entry.example_hparams,
         example_dtype=entry.example_dtype,

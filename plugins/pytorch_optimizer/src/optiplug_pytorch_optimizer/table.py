@@ -84,11 +84,27 @@ class Entry(NamedTuple):
     ``group_tensors`` names the param-group keys the class keeps as
     non-scalar tensors (``(key, shape)``; saved as 0-d tensors, see the
     wrapper); ``global_state`` names what the class keeps in
-    ``optimizer.state`` under a key that is no parameter (``(key, "tensor"
-    or "dict", shape)``; saved in the first param group as
-    ``global:<key>``); ``muon_groups`` marks the Muon family, whose groups need
-    ``use_muon``; ``limitation`` says why it cannot pass optiplug's checks;
-    ``deviations`` names single conformance checks it cannot meet, with why.
+    ``optimizer.state`` under a key that is no parameter (``(key, "tensor",
+    "dict" or "number", shape)``; saved in the first param group as
+    ``global:<key>``); ``attributes`` names the running state the class
+    keeps as attributes of the optimizer (``(name, "value" or
+    "state_dict")``: a plain value, or an object with
+    ``state_dict``/``load_state_dict``; saved in the first param group as
+    ``attr:<name>``); ``packed`` names the per-parameter slots holding
+    nested containers (a dict, a deque, a list of dicts), kept between steps
+    as a list of their tensors and a ``<slot>:layout`` tuple;
+    ``muon_groups`` marks the Muon family, whose groups need ``use_muon``;
+    ``closure`` marks a class whose ``step`` needs a closure and
+    ``create_graph`` one whose gradients must keep their graph;
+    ``takes_model`` one whose first argument is a model, not parameters
+    (the wrapper builds a module holding the given parameters under their
+    names); ``own_rng`` one whose step draws random numbers, which the wrapper
+    draws from a stream of its own (seed and step count saved as
+    ``attr:bridge_rng_seed``/``attr:bridge_rng_step``);
+    ``unavailable`` names implementations its signature offers that never
+    run, with why (``(impl, reason)``);
+    ``limitation`` says why it cannot pass optiplug's checks; ``deviations``
+    names single conformance checks it cannot meet, with why.
     """
 
     name: str
@@ -102,7 +118,14 @@ class Entry(NamedTuple):
     group_state: tuple[str, ...] = ()
     group_tensors: tuple[tuple[str, tuple[int, ...]], ...] = ()
     global_state: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    attributes: tuple[tuple[str, str], ...] = ()
+    packed: tuple[str, ...] = ()
     muon_groups: bool = False
+    closure: bool = False
+    create_graph: bool = False
+    own_rng: bool = False
+    takes_model: bool = False
+    unavailable: tuple[tuple[str, str], ...] = ()
     limitation: str = ""
     deviations: tuple[tuple[str, str], ...] = ()
     example_hparams: dict[str, Any] = {}  # noqa: RUF012  # a NamedTuple default, never mutated
