@@ -54,7 +54,7 @@ def test_show_describes_hyperparameters_and_state(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert out.startswith("adam - Adam with optional AMSGrad")
     assert "provider: adam (optiplug-adam 0.1.0)" in out
-    assert "betas         (0.9, 0.999)  each in [0, 1)" in out
+    assert "betas            (0.9, 0.999)  each in [0, 1)" in out
     assert "max_exp_avg_sq" in out and "amsgrad" in out
 
 
@@ -107,8 +107,8 @@ def test_unknown_hyperparameter_message_reads_naturally() -> None:
         optiplug.factory("adamw", weight_decya=0.1)
     assert str(caught.value) == (
         "unknown hyperparameter 'weight_decya' for optimizer adamw; did you mean "
-        "'weight_decay'? (accepted: amsgrad, betas, eps, lr, maximize, weight_decay, "
-        "weight_decay_mode)"
+        "'weight_decay'? (accepted: amsgrad, betas, eps, lr, maximize, state_precision, "
+        "weight_decay, weight_decay_mode)"
     )
     assert (caught.value.field, caught.value.value) == ("weight_decya", "<unknown keyword>")
 

@@ -106,6 +106,7 @@ def test_defaults_match_the_design() -> None:
         "weight_decay": 0.0,
         "nesterov": False,
         "maximize": False,
+        "state_precision": "fp32",
     }
     adam = {
         "lr": 1e-3,
@@ -114,6 +115,7 @@ def test_defaults_match_the_design() -> None:
         "weight_decay": 0.0,
         "amsgrad": False,
         "maximize": False,
+        "state_precision": "fp32",
     }
     assert defaults["adam"] == adam
     assert defaults["adamw"] == {**adam, "weight_decay": 1e-2, "weight_decay_mode": "decoupled"}

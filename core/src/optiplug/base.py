@@ -67,6 +67,12 @@ from ._core.params import (
 from ._core.routing import Routing
 from ._core.specs import ImplementationSpec
 from ._lazy import lazy
+from ._state.codec import (
+    SECOND_MOMENTS,
+    QuantizedState,
+    convert_state,
+    step_in_state_precision,
+)
 from ._state.load import load_state_dict
 from ._state.values import copied_tensor, is_subclass_tensor
 from .errors import HyperparameterError
@@ -78,6 +84,7 @@ __all__ = [
     "KernelTableOptimizer",
     "NamedParamGroup",
     "Prepared",
+    "QuantizedState",
     "Supports",
     "TorchBackedOptimizer",
     "ValidatedLoading",
@@ -86,6 +93,7 @@ __all__ = [
     "cautious_weight_decay",
     "choose_implementation",
     "closure_loss",
+    "convert_state",
     "count_layers",
     "excluded_implementations",
     "ExternalOptimizer",
@@ -99,6 +107,7 @@ __all__ = [
     "param_groups_report",
     "parameter_tensors",
     "set_training",
+    "step_in_state_precision",
     "torch_backed_optimizer",
     "training_step",
     "validated_config",
@@ -107,6 +116,9 @@ __all__ = [
 
 
 Prepared.__module__ = __name__  # the public path, for pickles and docs
+QuantizedState.__module__ = __name__  # checkpoints record the class by its public path
+convert_state.__module__ = __name__
+step_in_state_precision.__module__ = __name__
 accepts_prepared.__module__ = __name__
 
 
@@ -484,6 +496,11 @@ class ValidatedLoading(torch.optim.Optimizer):
         """
         load_state_dict(self, state_dict, strict=True)
 
+    second_moments: ClassVar[frozenset[str]] = SECOND_MOMENTS
+    """State slots kept with the unsigned table without zero when a group's
+    ``state_precision`` is int8 or int4 (second moments: never negative, and
+    never to be rounded to zero)."""
+
 
 class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     """What both optimizer bases share: an algorithm name, a config class, implementations."""
@@ -578,7 +595,10 @@ class TorchBackedOptimizer(_ContractOptimizer):
         Groups with ``weight_decay_mode="cautious"`` (an algorithm with
         decoupled weight decay that declares the mode) decay only the
         coordinates whose update agrees in sign with the parameter
-        (:func:`cautious_weight_decay`).
+        (:func:`cautious_weight_decay`). Groups with a ``state_precision``
+        other than ``"fp32"`` step one parameter at a time on decoded state
+        (:func:`step_in_state_precision`): torch's own arithmetic, on the
+        values the codes hold.
 
         Args:
             closure: re-evaluates the model and returns the loss (optional).
@@ -587,7 +607,12 @@ class TorchBackedOptimizer(_ContractOptimizer):
             The closure's loss, or None.
         """
         self._take_measured_choice()
-        return cautious_weight_decay(self, lambda: super(TorchBackedOptimizer, self).step(closure))
+        loss = closure_loss(closure)
+        torch_step = super().step
+        cautious_weight_decay(
+            self, lambda: step_in_state_precision(self, torch_step, self.second_moments)
+        )
+        return loss
 
     def switch_implementation(self, name: str) -> None:
         """Run ``loop``, ``foreach`` or ``fused`` from the next step on.
@@ -1210,9 +1235,13 @@ class KernelTableOptimizer(_ContractOptimizer):
         """
         self._take_measured_choice()
         loss = closure_loss(closure)
+        step_in_state_precision(self, self._kernel_step, self.second_moments)
+        return loss
+
+    def _kernel_step(self) -> None:
+        """The chosen kernel over every group of ``self.param_groups``."""
         kernel = self.implementations[self._impl]
         for group in self.param_groups:
             tensors = self._group_tensors(group)
             if tensors and tensors[0]:
                 kernel(*tensors, **self._kernel_options(group))
-        return loss

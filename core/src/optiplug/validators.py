@@ -30,6 +30,7 @@ from ._lazy import LazyCallable
 from .errors import HyperparameterError, closest_name
 
 __all__ = [
+    "STATE_PRECISIONS",
     "Hyperparameter",
     "betas",
     "betas_of",
@@ -41,6 +42,8 @@ __all__ = [
     "positive",
     "positive_int",
     "reject_unknown",
+    "state_precision",
+    "state_precision_field",
     "unit_interval",
     "validate_hyperparameters",
 ]
@@ -204,6 +207,26 @@ def positive_int(_: Any, attribute: NamedField, value: Any) -> None:
     integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not integral or not 1 <= value < 2**63:
         raise HyperparameterError(attribute.name, value, "must be an integer >= 1 (and < 2**63)")
+
+
+STATE_PRECISIONS = ("fp32", "bf16", "int8", "int4")
+"""How an optimizer's per-element state may be stored: ``fp32`` (full: the
+parameter's dtype, the default), ``bf16`` (stochastic rounding), ``int8``,
+``int4`` (blockwise codes and scales); see ``optiplug.base.QuantizedState``."""
+
+
+def state_precision(_: Any, attribute: NamedField, value: Any) -> None:
+    """Accept one of :data:`STATE_PRECISIONS`."""
+    if not isinstance(value, str) or value not in STATE_PRECISIONS:
+        raise HyperparameterError(
+            attribute.name, value, f"must be one of {', '.join(STATE_PRECISIONS)}"
+        )
+
+
+def state_precision_field() -> Any:
+    """The ``state_precision`` hyperparameter of an algorithm whose kernels run on
+    :func:`optiplug.base.step_in_state_precision` (default ``"fp32"``)."""
+    return hyperparameter("fp32", state_precision, " | ".join(STATE_PRECISIONS))
 
 
 def _to_tuple(value: Any) -> Any:

@@ -155,11 +155,16 @@ def _first_that_builds(
     """
     remaining = list(candidates)
     failed: list[tuple[ImplementationSpec, Exception]] = []
-    while (
-        chosen := chooser.select(
-            spec.name, remaining, None, tensors, made.hparams, config=made.config, follow=follow
+    while True:
+        offered = _offered(spec, remaining)
+        chosen = chooser.select(
+            spec.name, offered, None, tensors, made.hparams, config=made.config, follow=follow
         )
-    ) is not None:
+        if chosen is None:  # none of those offered can run these parameters
+            if len(offered) == len(remaining):
+                break
+            remaining = [c for c in remaining if c not in offered]
+            continue
         try:
             return _decision.build(
                 chosen.factory, attrs.evolve(made, implementation=chosen)
@@ -168,6 +173,18 @@ def _first_that_builds(
             failed.append((chosen, error))
             remaining = [c for c in remaining if c is not chosen]
     return _decision.build(spec.factory, made), failed
+
+
+def _offered(spec: OptimizerSpec, remaining: list[ImplementationSpec]) -> list[ImplementationSpec]:
+    """The candidates the chooser may pick from: all, or only the highest-priority one.
+
+    A step that needs a closure or a kept graph cannot be timed on
+    synthetic gradients, so such an algorithm takes its implementations by
+    declared priority, one at a time, unmeasured.
+    """
+    if not (spec.step_closure or spec.create_graph) or not remaining:
+        return remaining
+    return [min(remaining, key=lambda c: (-c.priority, c.name))]
 
 
 def _build_forced(chosen: ImplementationSpec | None, made: Prepared) -> torch.optim.Optimizer:

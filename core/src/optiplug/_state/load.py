@@ -37,6 +37,7 @@ from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
 from .check import Report, Target, TargetGroup, check, check_whole, kept_keys
+from .codec import SECOND_MOMENTS, convert_state
 from .values import ParamInfo, copied_tensor, describe, is_subclass_tensor, truthy
 
 __all__ = [
@@ -205,6 +206,10 @@ def load_state_dict(
         extra_problems: problems the caller found (e.g. a checkpoint of
             another algorithm); they count like the others.
 
+    Every group keeps its own ``state_precision``: the loaded slots are
+    converted to it (:func:`optiplug.base.convert_state`), so a
+    full-precision state dict loads into an int8 optimizer and back.
+
     Returns:
         The problems skipped (``strict=False``) and ``hyperparameter-changed``
         notes (saved values that differ from the optimizer's; saved ones win).
@@ -225,6 +230,8 @@ def load_state_dict(
         raise StateDictError(sorted(report.problems), header=_header(spec, strict, report))
     state, groups = _build(optimizer, spec, state_dict, report)
     _commit(optimizer, state, groups, spec)
+    # each group keeps its own state_precision: the loaded slots are stored in it
+    convert_state(optimizer, second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS))
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)
     return sorted(([] if strict else report.problems) + report.changed)

@@ -20,6 +20,7 @@ import attrs
 
 from .._core.specs import OptimizerSpec, StateSlot
 from ..errors import HyperparameterError
+from .precision import state_bytes_per_element
 
 if TYPE_CHECKING:
     import torch
@@ -276,7 +277,10 @@ def estimate(
 
     A ``"param"``-shaped slot takes ``num_parameters`` elements: of the
     parameter dtype (slot dtype ``"param"`` or ``"float"``) or 4 bytes
-    (``"float32"``). A ``"scalar"`` slot takes one element per parameter
+    (``"float32"``); with a ``state_precision`` hyperparameter other than
+    ``"fp32"``, the codes and scales of that precision instead
+    (:func:`~optiplug.base.QuantizedState`: 2 bytes for bf16, 1 + 4/256 for
+    int8, 0.5 + 4/128 for int4). A ``"scalar"`` slot takes one element per parameter
     tensor, ``num_tensors`` of them (default: one per
     :data:`PARAMETERS_PER_TENSOR` parameters, rounded up). A slot present
     ``when`` a hyperparameter is truthy counts when the algorithm's default,
@@ -316,6 +320,7 @@ def estimate(
             algorithm=spec.name,
         )
     values = _hyperparameters(spec, hparams or {})
+    precision = str(values.get("state_precision", "fp32"))
     by_slot: dict[str, int] = {}
     omitted: list[str] = []
     for slot in spec.state_slots:
@@ -326,8 +331,7 @@ def estimate(
         if slot.kind == "number":  # a Python number in the state, not a tensor
             by_slot[slot.name] = 0
             continue
-        element = 4 if slot.dtype == "float32" else size
-        by_slot[slot.name] = element * (count if slot.shape == "param" else tensors)
+        by_slot[slot.name] = _slot_bytes(slot, count, tensors, size, precision)
     return MemoryEstimate(
         algorithm=spec.name,
         dtype=dtype_name,
@@ -338,6 +342,22 @@ def estimate(
         parameters=count * size,
         omitted=tuple(omitted),
     )
+
+
+def _slot_bytes(slot: StateSlot, count: int, tensors: int, size: int, precision: str) -> int:
+    """Bytes of one slot: a parameter-shaped one in ``precision`` (codes and scales).
+
+    Low precisions are counted at their large-tensor rate (every tensor of
+    at least :data:`~optiplug.base.MIN_QUANTIZED_NUMEL` elements, whole
+    blocks); smaller tensors, which stay full precision, are not told apart.
+    """
+    if slot.dtype == "float32":  # a step counter kept as a float32 tensor
+        return 4 * (count if slot.shape == "param" else tensors)
+    if slot.shape != "param":
+        return size * tensors
+    if precision == "fp32":
+        return size * count
+    return math.ceil(state_bytes_per_element(precision) * count)
 
 
 def _whole(name: str, value: Any, algorithm: str) -> int:

@@ -40,8 +40,12 @@ __all__ = [
 Finding = tuple[str, str, str]
 """``(kind, expected, found)``."""
 
-IMPLEMENTATION_FLAGS = frozenset({"foreach", "fused", "capturable", "differentiable"})
-"""Group keys describing how an optimizer runs, not its state: the loading optimizer keeps its own."""
+IMPLEMENTATION_FLAGS = frozenset(
+    {"foreach", "fused", "capturable", "differentiable", "state_precision"}
+)
+"""Group keys describing how an optimizer runs or stores its state, not the state itself: the
+loading optimizer keeps its own (a full-precision checkpoint loads into an int8 optimizer,
+whose state is then stored in int8, and back)."""
 
 OPTIONAL_GROUP_KEYS = IMPLEMENTATION_FLAGS | {"maximize", "decoupled_weight_decay", "initial_lr"}
 """Group keys a state dict may lack (older torch) or carry extra (schedulers) without error."""

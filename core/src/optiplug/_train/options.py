@@ -11,6 +11,7 @@ from typing import Any
 
 from ..cli.schedule import parse_param
 from ..errors import OptiplugError
+from ..validators import STATE_PRECISIONS
 from .config import (
     NONFINITE_POLICIES,
     PARALLEL_MODES,
@@ -77,6 +78,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--lr", type=float, help="base learning rate (default: the optimizer's own)")
     run.add_argument("--impl", help="force an implementation (loop, foreach, fused...)")
+    run.add_argument(
+        "--state-precision",
+        choices=STATE_PRECISIONS,
+        help="store the optimizer's per-element state in fp32 (default), bf16, int8 or int4 "
+        "(adamw, adam, sgd, lion, muon)",
+    )
     run.add_argument("--schedule", metavar="NAME", help="schedule name (default: cosine)")
     run.add_argument(
         "--schedule-param",
@@ -269,6 +276,9 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     }
     if "schedule_params" in given:
         given["schedule_params"] = tuple(tuple(pair) for pair in given["schedule_params"])
+    precision = getattr(args, "state_precision", None)
+    if precision is not None:
+        given["optimizer_params"] = (("state_precision", precision),)
     return given
 
 

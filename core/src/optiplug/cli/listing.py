@@ -20,6 +20,7 @@ from ..errors import (
     PluginConflictError,
     UnknownOptimizerError,
 )
+from ..validators import STATE_PRECISIONS
 from .schedule import parse_param
 
 __all__ = [
@@ -310,6 +311,12 @@ def configure_show(parser: argparse.ArgumentParser) -> None:
         help="a hyperparameter deciding conditional slots, e.g. amsgrad=true (repeatable)",
     )
     sizing.add_argument(
+        "--state-precision",
+        choices=STATE_PRECISIONS,
+        help="how the per-element state is stored: fp32 (default), bf16, int8 or int4 "
+        "(the algorithm must take state_precision)",
+    )
+    sizing.add_argument(
         "--tensors",
         type=parse_count,
         metavar="N",
@@ -385,6 +392,8 @@ def run_show(args: argparse.Namespace) -> int:
     text = show_optimizer(registry, spec)
     if count is not None:
         hparams = {key.replace("-", "_"): _flag(value) for key, value in args.param}
+        if args.state_precision is not None:
+            hparams["state_precision"] = args.state_precision
         found = estimate(spec, count, dtype=args.dtype, num_tensors=args.tensors, hparams=hparams)
         text += "\n\n" + show_memory(found)
     print(text)
@@ -423,6 +432,8 @@ def show_memory(found: MemoryEstimate) -> str:
     """
     rows = [[slot, f"{size:,}", format_bytes(size)] for slot, size in found.by_slot.items()]
     ratio = f", {found.total / found.parameters:.2f}x the parameters" if found.parameters else ""
+    if found.num_parameters:
+        ratio += f", {found.total / found.num_parameters:.3g} bytes per parameter"
     lines = [
         f"state memory for {found.num_parameters:,} {found.dtype} parameters: "
         f"{format_bytes(found.total)}{ratio}",

@@ -16,6 +16,7 @@ from optiplug.validators import (
     learning_rate,
     non_negative,
     positive,
+    state_precision_field,
 )
 
 __all__ = ["ADAM_STATE", "AdamConfig"]
@@ -35,6 +36,7 @@ class AdamConfig:
     weight_decay: float = hyperparameter(0.0, non_negative, ">= 0")
     amsgrad: bool = hyperparameter(False, boolean, "bool")
     maximize: bool = hyperparameter(False, boolean, "bool")
+    state_precision: str = state_precision_field()
 
 
 ADAM_STATE = (

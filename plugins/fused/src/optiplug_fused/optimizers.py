@@ -276,6 +276,23 @@ def _algorithm_config(algorithm: str, implemented: frozenset[str]) -> type:
     return config
 
 
+def _check_full_precision(group: Mapping[str, Any], algorithm: str) -> None:
+    """The kernels keep fp32 state: a group asking for another precision is refused.
+
+    Raises:
+        HyperparameterError: ``state_precision`` other than ``"fp32"``.
+    """
+    precision = group.get("state_precision", "fp32")
+    if precision != "fp32":
+        raise HyperparameterError(
+            "state_precision",
+            precision,
+            "the triton kernels keep fp32 state; impl='fused', 'foreach' or 'loop' "
+            "store it in bf16, int8 or int4",
+            algorithm=algorithm,
+        )
+
+
 def _conform(value: Tensor, param: Tensor) -> Tensor:
     """``value`` as an fp32 tensor on ``param``'s device with ``param``'s strides."""
     if (
@@ -417,7 +434,7 @@ class TritonOptimizer(torch.optim.Optimizer):
         if lr is not _UNSET:
             hparams["lr"] = lr
         params = list(params)
-        config_class = _algorithm_config(self.algorithm, self.hyperparameters)
+        config_class = _algorithm_config(self.algorithm, self.hyperparameters | {"state_precision"})
         config = validated_config(self.algorithm, config_class, params, hparams)
         self._plans: dict[int, _Plan] = {}
         self._stale_plans: dict[int, _Plan] = {}
@@ -479,6 +496,7 @@ class TritonOptimizer(torch.optim.Optimizer):
         try:
             self._check_runnable()
             _check_distinct(self.param_groups, self.algorithm)
+            _check_full_precision(self.param_groups[-1], self.algorithm)
             self._kernel_arguments(self.param_groups[-1])  # every scalar readable on the host
         except (HyperparameterError, OptimizerUnavailableError):
             self.param_groups.pop()  # nothing half-added

@@ -8,7 +8,14 @@ import attrs
 
 from optiplug import StateSlot
 from optiplug.errors import HyperparameterError
-from optiplug.validators import betas, boolean, hyperparameter, learning_rate, non_negative
+from optiplug.validators import (
+    betas,
+    boolean,
+    hyperparameter,
+    learning_rate,
+    non_negative,
+    state_precision_field,
+)
 
 __all__ = ["LION_STATE", "WEIGHT_DECAY_MODES", "LionConfig"]
 
@@ -51,6 +58,7 @@ class LionConfig:
     weight_decay_mode: str = hyperparameter(
         "decoupled", _weight_decay_mode, " | ".join(WEIGHT_DECAY_MODES)
     )
+    state_precision: str = state_precision_field()
 
 
 LION_STATE = (StateSlot("exp_avg", description="momentum (EMA of gradients, decay beta2)"),)

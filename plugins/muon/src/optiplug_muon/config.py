@@ -17,6 +17,7 @@ from optiplug.validators import (
     non_negative,
     positive,
     positive_int,
+    state_precision_field,
     unit_interval,
 )
 
@@ -80,6 +81,7 @@ MUON_KEYS = (
     "ns_dtype",
     "ns_batch",
     "ns_method",
+    "state_precision",
 )
 """The keys of a Muon param group (besides ``params`` and ``use_muon``)."""
 
@@ -91,6 +93,7 @@ AUX_KEYS = {
     "aux_betas": "aux_betas",
     "eps": "aux_eps",
     "weight_decay": "aux_weight_decay",
+    "state_precision": "state_precision",
 }
 """The keys of an auxiliary AdamW param group -> the config field they come from.
 
@@ -237,6 +240,9 @@ class MuonConfig:
         force_aux: globs on full parameter names always sent to AdamW.
         use_muon: None routes each parameter; True/False sends every parameter
             (of this param group, when given in a group dict) to Muon/AdamW.
+        state_precision: how the momentum and the auxiliary AdamW's moments
+            are stored: ``"fp32"`` (the parameter's dtype), ``"bf16"``,
+            ``"int8"`` or ``"int4"`` (see ``optiplug.base.QuantizedState``).
     """
 
     lr: float = hyperparameter(0.02, learning_rate, "finite, >= 0")
@@ -265,6 +271,7 @@ class MuonConfig:
     force_muon: tuple[str, ...] = hyperparameter((), _patterns, "globs on parameter names")
     force_aux: tuple[str, ...] = hyperparameter((), _patterns, "globs on parameter names")
     use_muon: bool | None = hyperparameter(None, _optional_bool, "None | bool")
+    state_precision: str = state_precision_field()
 
 
 MUON_STATE = (

@@ -76,6 +76,9 @@ class NorMuon(Muon):
     config_class: ClassVar[type[NorMuonConfig]] = NorMuonConfig
     group_keys: ClassVar[tuple[str, ...]] = NORMUON_KEYS
     collectives_per_exchange: ClassVar[int] = 3
+    second_moments: ClassVar[frozenset[str]] = frozenset(
+        {"second_momentum_buffer", "exp_avg_sq", "max_exp_avg_sq"}
+    )
 
     def _momentum(
         self,

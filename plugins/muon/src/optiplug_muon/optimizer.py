@@ -20,6 +20,7 @@ from optiplug.base import (
     fused_supported,
     named_param_groups,
     parameter_tensors,
+    step_in_state_precision,
     validated_config,
     warn_at_caller,
 )
@@ -394,6 +395,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                 state is placed in a way it cannot be stepped (nothing is updated).
         """
         loss = closure_loss(closure)
+        step_in_state_precision(self, self._step_groups, self.second_moments)
+        return loss
+
+    def _step_groups(self) -> None:
+        """One step over ``self.param_groups`` (all of them, or one narrowed to a parameter)."""
         for group in self.param_groups:  # before anything is updated
             if group["use_muon"]:
                 check_method(group["ns_method"])
@@ -414,7 +420,6 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         owned, collectives = self._orthogonalize_sharded(sharded) if sharded else ([], 0)
         if names is not None:
             self._last_report = _report(names, jobs, sharded, owned, elementwise, collectives)
-        return loss
 
     def _check_distributed(self, names: dict[int, str] | None) -> None:
         """Before anything is updated: every ``DTensor`` to step can be stepped as placed.

@@ -7,7 +7,14 @@ import attrs
 import optiplug
 from optiplug import StateSlot
 from optiplug.errors import HyperparameterError
-from optiplug.validators import boolean, hyperparameter, learning_rate, non_negative, unit_interval
+from optiplug.validators import (
+    boolean,
+    hyperparameter,
+    learning_rate,
+    non_negative,
+    state_precision_field,
+    unit_interval,
+)
 
 __all__ = ["SGD_STATE", "SGDConfig"]
 
@@ -31,6 +38,7 @@ class SGDConfig:
     weight_decay: float = hyperparameter(0.0, non_negative, ">= 0")
     nesterov: bool = hyperparameter(False, boolean, "bool; needs momentum > 0 and dampening = 0")
     maximize: bool = hyperparameter(False, boolean, "bool")
+    state_precision: str = state_precision_field()
 
     def __attrs_post_init__(self) -> None:
         if self.nesterov and (float(self.momentum) <= 0 or float(self.dampening) != 0):

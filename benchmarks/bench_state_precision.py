@@ -1,0 +1,89 @@
+"""Step time of AdamW with low-precision state, against the fp32 fused step and torchao.
+
+Every optimizer steps the same parameters (``--tensors`` matrices of
+``--rows`` x ``--cols`` float32, 64M elements by default) with the same fixed
+gradients: optiplug's ``adamw`` with ``impl="fused"`` in fp32 (torch's fused
+kernel, the reference), then with ``state_precision`` bf16, int8 and int4,
+and torchao's AdamW8bit and AdamW4bit (the peer, when installed). Each is
+warmed up (its state created), then timed over ``--steps`` steps in
+interleaved rounds, so machine noise hits all alike; the report gives each
+median step, its ratio to the fp32 fused step and the state's bytes per
+parameter as ``optiplug.memory`` measures them.
+
+Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import optiplug
+
+
+def contenders() -> dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]]:
+    """Name -> how to build it over the parameters."""
+    made: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
+        "adamw fp32 (fused)": lambda ps: optiplug.create("adamw", ps, lr=1e-3, impl="fused"),
+    }
+    for precision in ("bf16", "int8", "int4"):
+        made[f"adamw {precision}"] = lambda ps, p=precision: optiplug.create(
+            "adamw", ps, lr=1e-3, impl="fused", state_precision=p
+        )
+    try:
+        from torchao.optim import AdamW4bit, AdamW8bit
+    except ImportError:
+        return made
+    made["torchao AdamW8bit"] = lambda ps: AdamW8bit(ps, lr=1e-3)
+    made["torchao AdamW4bit"] = lambda ps: AdamW4bit(ps, lr=1e-3)
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=16)
+    parser.add_argument("--rows", type=int, default=2048)
+    parser.add_argument("--cols", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2, help="steps timed per round")
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    shape = (args.rows, args.cols)
+    built: dict[str, tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]] = {}
+    for name, make in contenders().items():
+        params = [
+            torch.nn.Parameter(torch.randn(shape, generator=generator)) for _ in range(args.tensors)
+        ]
+        for param in params:
+            param.grad = torch.randn(shape, generator=generator) * 1e-2
+        optimizer = make(params)
+        optimizer.step()  # the state exists from here on
+        built[name] = (optimizer, params)
+    times: dict[str, list[float]] = {name: [] for name in built}
+    for round_index in range(args.rounds):
+        order = list(built) if round_index % 2 == 0 else list(reversed(built))
+        for name in order:
+            optimizer, _ = built[name]
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                optimizer.step()
+                times[name].append(time.perf_counter() - start)
+    count = args.tensors * args.rows * args.cols
+    reference = statistics.median(times["adamw fp32 (fused)"])
+    print(
+        f"{count / 1e6:.0f}M float32 parameters in {args.tensors} tensors; "
+        f"{torch.get_num_threads()} threads; median of {args.rounds * args.steps} steps"
+    )
+    print(f"{'optimizer':<22} {'step (ms)':>10} {'x fp32 fused':>13} {'state B/param':>14}")
+    for name, (optimizer, _) in built.items():
+        median = statistics.median(times[name])
+        per_param = optiplug.memory(optimizer).total / count
+        print(f"{name:<22} {median * 1e3:>10.1f} {median / reference:>13.2f} {per_param:>14.3f}")
+
+
+if __name__ == "__main__":
+    main()

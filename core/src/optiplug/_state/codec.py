@@ -1,0 +1,599 @@
+"""Low-precision optimizer state: a codec any algorithm's declared slots can use.
+
+A state slot kept in ``"int8"``, ``"int4"`` or ``"bf16"`` is a
+:class:`QuantizedState`: a wrapper tensor subclass that looks like the
+full-precision tensor (its shape and dtype are the parameter's) and stores
+
+* ``int8``/``int4``: one code per element (two per byte for int4) and one
+  float32 scale, the absolute maximum, per block of :data:`BLOCK_SIZES`
+  elements (256 and 128). A code indexes a *dynamic-exponent* table
+  (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization",
+  arXiv 2110.02861): a run of leading zero bits says the power of ten, the
+  remaining bits a linear fraction, so values spanning six or seven decades
+  below the block's maximum keep a relative error of a few percent. A
+  second moment (a slot declared ``non_negative``) uses the unsigned table
+  *without zero* (Li et al. 2023, "Memory Efficient Optimizers with 4-bit
+  States", arXiv 2309.01507: a second moment rounded to zero turns
+  ``m / (sqrt(v) + eps)`` into a huge step); its smallest code is one more
+  decade down instead.
+* ``bf16``: the value rounded stochastically to bfloat16 (random bits added
+  below the 16 kept ones, then truncated), which is unbiased, so small
+  updates accumulate instead of vanishing. The random bits are a hash of
+  each element's index and the slot's write count, kept in the state, so a
+  resumed run draws the same bits.
+
+Tensors under :data:`MIN_QUANTIZED_NUMEL` elements stay full precision, as
+the peers do: their blocks' scales would cost as much as the saving.
+
+The kernels decode a slot to a float32 tensor (:meth:`QuantizedState.dequantize`),
+update it, and write it back (:meth:`QuantizedState.store`); torch ops on a
+``QuantizedState`` other than those run on its decoded value (so state
+checks, ``torch.equal`` and printing work), and in-place ones other than
+``copy_`` and ``zero_`` are refused rather than lost.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..errors import HyperparameterError
+from ..validators import STATE_PRECISIONS
+from .precision import BLOCK_SIZES, CODE_BITS
+
+__all__ = [
+    "BLOCK_SIZES",
+    "MIN_QUANTIZED_NUMEL",
+    "PRECISIONS",
+    "QuantizedState",
+    "SECOND_MOMENTS",
+    "check_precision",
+    "convert_state",
+    "dynamic_table",
+    "in_precision",
+    "group_precision",
+    "precision_of",
+    "step_in_state_precision",
+]
+
+PRECISIONS = STATE_PRECISIONS
+"""The state precisions: ``fp32`` (full: the parameter's own dtype), ``bf16``, ``int8``, ``int4``."""
+
+MIN_QUANTIZED_NUMEL = 4096
+"""Smaller state tensors stay full precision (torchao's threshold)."""
+
+_BITS = CODE_BITS
+
+
+def check_precision(value: Any, algorithm: str = "") -> str:
+    """``value`` if it names a state precision.
+
+    Raises:
+        HyperparameterError: naming ``state_precision`` and listing the choices.
+    """
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise HyperparameterError(
+            "state_precision", value, f"must be one of {', '.join(PRECISIONS)}", algorithm=algorithm
+        )
+    return value
+
+
+# ------------------------------------------------------------------ the tables
+def _magnitudes(bits: int, signed: bool, zero: bool) -> list[float]:
+    """A dynamic-exponent code's magnitudes, indexed by their code (see :func:`dynamic_table`).
+
+    With ``k`` magnitude bits, index 0 is 0 (or ``10**-k`` without ``zero``)
+    and decade ``e`` (values in ``(10**-(e+1), 10**-e]``) takes the
+    ``2**(k-1-e)`` indices from ``2**(k-1-e)`` on, ascending.
+    """
+    k = bits - 1 if signed else bits
+    magnitudes = [0.0 if zero else 10.0**-k]
+    for e in range(k - 1, -1, -1):
+        steps = 2 ** (k - 1 - e)
+        magnitudes += [10.0**-e * (0.1 + 0.9 * (j + 1) / steps) for j in range(steps)]
+    return magnitudes
+
+
+@functools.cache
+def dynamic_table(bits: int, signed: bool, zero: bool = True) -> tuple[float, ...]:
+    """The values of a dynamic-exponent code of ``bits`` bits, indexed by code.
+
+    With ``k`` magnitude bits (``bits - 1`` when signed; the top bit is then
+    the sign), a magnitude in decade ``e`` is ``10**-e * (0.1 + 0.9 * (j + 1)
+    / 2**f)`` with ``f = k - 1 - e`` fraction bits ``j``: the fewer leading
+    decades, the finer the fraction, as in Dettmers et al.'s dynamic tree
+    quantization. 1.0 is exact, so a block's maximum is too; the smallest
+    non-zero magnitude is ``10**-(k-1)`` (``10**-k`` takes zero's place
+    without ``zero``).
+
+    Args:
+        bits: 4 or 8.
+        signed: whether the top bit is a sign.
+        zero: whether magnitude 0 has a code (a second moment's table has not).
+
+    Returns:
+        ``2**bits`` values; ``table[code]`` decodes.
+    """
+    magnitudes = _magnitudes(bits, signed, zero)
+    return tuple(magnitudes + [-m for m in magnitudes]) if signed else tuple(magnitudes)
+
+
+@functools.cache
+def _table(bits: int, signed: bool, device: torch.device) -> torch.Tensor:
+    """The decoding table (float32, on ``device``); a second moment's has no zero."""
+    return torch.tensor(dynamic_table(bits, signed, zero=signed), dtype=torch.float32).to(device)
+
+
+# ------------------------------------------------------------------ encoding
+def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """``flat`` zero-padded to whole blocks, as ``(blocks, block)``."""
+    padding = (-flat.numel()) % block
+    if padding:
+        flat = torch.nn.functional.pad(flat, (0, padding))
+    return flat.view(-1, block)
+
+
+def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
+    """The nearest code of each value in [-1, 1] (int32), computed, not searched.
+
+    The decade is ``ceil(-log10|x|) - 1`` (clamped to the table's), the
+    position in it the rounded linear fraction; a fraction that rounds
+    below the decade's first value takes the next decade down's last (its
+    index just before), which is the nearer one; in the lowest decade the
+    midpoint between its two values decides.
+    """
+    k = bits - 1 if signed else bits
+    powers, steps_of = _decade_tables(k, normalized.device)
+    magnitude = normalized.abs()
+    decade = torch.clamp(torch.ceil(-torch.log10(magnitude)) - 1, 0, k - 1).to(torch.int32)
+    steps = steps_of[decade]
+    position = torch.round((magnitude * powers[decade] - 0.1) * (steps / 0.9))
+    index = torch.clamp(steps + position - 1, min=0).minimum(2 * steps - 1).to(torch.int32)
+    # the lowest decade has index 0 (zero, or 10**-k) and 1 (10**-(k-1)): their midpoint decides
+    lowest = _magnitudes(bits, signed, zero=signed)[:2]
+    above = (magnitude >= (lowest[0] + lowest[1]) / 2).to(torch.int32)
+    index = torch.where(decade == k - 1, above, index)
+    if signed:
+        index = index + (normalized < 0).to(torch.int32) * (1 << k)
+    return index
+
+
+@functools.cache
+def _decade_tables(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per decade ``e``: ``10**e`` and the count of its values ``2**(k-1-e)`` (float32)."""
+    powers = torch.tensor([10.0**e for e in range(k)], dtype=torch.float32)
+    steps = torch.tensor([2.0 ** (k - 1 - e) for e in range(k)], dtype=torch.float32)
+    return powers.to(device), steps.to(device)
+
+
+def _encode_blocks(
+    value: torch.Tensor, bits: int, signed: bool, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (uint8; int4 packed two per byte) and per-block absolute maxima of ``value``."""
+    blocks = _blocks(value.detach().reshape(-1).float(), block)
+    scales = blocks.abs().amax(dim=1)
+    normalized = blocks / scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
+    codes = _codes(normalized, bits, signed).to(torch.uint8).reshape(-1)
+    if bits == 4:
+        codes = codes[0::2] | (codes[1::2] << 4)
+    return codes, scales
+
+
+def _decode_blocks(
+    codes: torch.Tensor, scales: torch.Tensor, bits: int, signed: bool, numel: int
+) -> torch.Tensor:
+    """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements)."""
+    if bits == 4:
+        codes = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1)
+    values = _table(bits, signed, codes.device)
+    decoded = values[codes.int()].view(scales.numel(), -1) * scales.unsqueeze(1)
+    return decoded.reshape(-1)[:numel]
+
+
+def _stochastic_bf16(value: torch.Tensor, seed: int) -> torch.Tensor:
+    """``value`` (float32) rounded to bfloat16 stochastically, with bits hashed from ``seed``.
+
+    The 16 random bits added below the kept ones are a hash of the element's
+    index and ``seed`` (MurmurHash3's 32-bit finaliser), cheaper than a
+    generator's draw and the same on every device.
+    """
+    bits = value.detach().float().contiguous().view(torch.int32)
+    noise = _hashed(torch.arange(bits.numel(), dtype=torch.int32, device=bits.device), seed)
+    rounded = (bits + noise.view(bits.shape)) & -65536  # the low 16 bits cleared: exact in bf16
+    finite = torch.isfinite(value)
+    return torch.where(finite, rounded.view(torch.float32), value.float()).to(torch.bfloat16)
+
+
+_GOLDEN = -1640531535  # 0x9E3779B1 as an int32
+_MIX = (-2048144789, -1028477387)  # MurmurHash3's fmix32 constants, as int32
+
+
+def _hashed(index: torch.Tensor, seed: int) -> torch.Tensor:
+    """16 well-mixed bits (0..65535) of each int32 ``index`` and ``seed``."""
+    h = index * _GOLDEN + (seed * 0x27D4EB2F & 0x7FFFFFFF)
+    h = h ^ (h >> 16)
+    h = h * _MIX[0]
+    h = h ^ (h >> 13)
+    h = h * _MIX[1]
+    return (h ^ (h >> 16)) & 0xFFFF
+
+
+# ------------------------------------------------------------------ the tensor
+class QuantizedState(torch.Tensor):
+    """A state tensor stored in low precision (see the module docstring).
+
+    Attributes:
+        codes: uint8 codes (int8/int4) or the bfloat16 values (bf16).
+        scales: float32 per-block maxima (an empty tensor for bf16).
+        precision: ``"int8"``, ``"int4"`` or ``"bf16"``.
+        signed: whether the table has negative values (False: a second moment).
+        writes: how many times the value was stored (seeds bf16's rounding).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    precision: str
+    signed: bool
+    writes: int
+
+    @staticmethod
+    def __new__(
+        cls,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        precision: str,
+        signed: bool,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        writes: int = 0,
+    ) -> QuantizedState:
+        made = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=dtype, device=codes.device
+        )
+        made.codes, made.scales = codes, scales
+        made.precision, made.signed, made.writes = precision, signed, writes
+        return made
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    @classmethod
+    def encode(
+        cls, value: torch.Tensor, precision: str, *, signed: bool, writes: int = 0
+    ) -> QuantizedState:
+        """``value`` stored in ``precision`` (``"int8"``, ``"int4"`` or ``"bf16"``)."""
+        codes, scales = _encoded(value, precision, signed, writes)
+        return cls(codes, scales, precision, signed, value.shape, value.dtype, writes)
+
+    def dequantize(self) -> torch.Tensor:
+        """The value, decoded to a plain tensor of this tensor's dtype."""
+        if self.precision == "bf16":
+            return self.codes.to(self.dtype).reshape(self.shape)
+        bits = _BITS[self.precision]
+        flat = _decode_blocks(self.codes, self.scales, bits, self.signed, self.numel())
+        return flat.to(self.dtype).reshape(self.shape)
+
+    def store(self, value: torch.Tensor) -> None:
+        """Write ``value`` (a plain tensor of this shape) into the codes and scales, in place."""
+        self.writes += 1
+        codes, scales = _encoded(value, self.precision, self.signed, self.writes)
+        self.codes.copy_(codes)
+        self.scales.copy_(scales)
+
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return ["codes", "scales"], (self.precision, self.signed, self.writes, dtype)
+
+    @classmethod
+    def __tensor_unflatten__(
+        cls,
+        inner: dict[str, torch.Tensor],
+        context: tuple[Any, ...],
+        outer_size: Sequence[int],
+        outer_stride: Sequence[int],
+    ) -> QuantizedState:
+        precision, signed, writes, dtype = context
+        decoded = getattr(torch, dtype)
+        return cls(inner["codes"], inner["scales"], precision, signed, outer_size, decoded, writes)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (
+            _rebuilt,
+            (
+                self.codes,
+                self.scales,
+                self.precision,
+                self.signed,
+                tuple(self.shape),
+                self.dtype,
+                self.writes,
+            ),
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> QuantizedState:
+        copied = QuantizedState(
+            self.codes.clone(),
+            self.scales.clone(),
+            self.precision,
+            self.signed,
+            self.shape,
+            self.dtype,
+            self.writes,
+        )
+        memo[id(self)] = copied
+        return copied
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return (
+            f"QuantizedState({self.precision}, shape={tuple(self.shape)}, "
+            f"signed={self.signed}, value={self.dequantize()!r})"
+        )
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it as a plain function
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            return handler(*args, **kwargs)
+        if func._schema.is_mutable:  # an in-place op on a decoded copy would be lost
+            raise TypeError(
+                f"{func} would change a QuantizedState in place; decode it with "
+                ".dequantize(), compute, and write back with .store(value)"
+            )
+        return func(*tree_map(_plain, args), **tree_map(_plain, kwargs))
+
+
+def _rebuilt(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    precision: str,
+    signed: bool,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    writes: int,
+) -> QuantizedState:
+    """The pickle constructor of :class:`QuantizedState`."""
+    return QuantizedState(codes, scales, precision, signed, shape, dtype, writes)
+
+
+def _encoded(
+    value: torch.Tensor, precision: str, signed: bool, writes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if precision == "bf16":
+        empty = torch.empty(0, dtype=torch.float32, device=value.device)
+        return _stochastic_bf16(value, writes).reshape(-1), empty
+    return _encode_blocks(value, _BITS[precision], signed, BLOCK_SIZES[precision])
+
+
+def _plain(value: Any) -> Any:
+    return value.dequantize() if isinstance(value, QuantizedState) else value
+
+
+def _same_kind(source: QuantizedState, codes: torch.Tensor, scales: torch.Tensor) -> QuantizedState:
+    return QuantizedState(
+        codes, scales, source.precision, source.signed, source.shape, source.dtype, source.writes
+    )
+
+
+def _detach(value: QuantizedState) -> QuantizedState:
+    return _same_kind(value, value.codes, value.scales)
+
+
+def _clone(value: QuantizedState, **_: Any) -> QuantizedState:
+    return _same_kind(value, value.codes.clone(), value.scales.clone())
+
+
+def _copy(target: Any, source: Any, non_blocking: bool = False) -> Any:
+    if isinstance(target, QuantizedState):
+        if isinstance(source, QuantizedState) and source.precision == target.precision:
+            target.codes.copy_(source.codes)
+            target.scales.copy_(source.scales)
+        else:
+            target.store(_plain(source).reshape(target.shape))
+        return target
+    return target.copy_(_plain(source))
+
+
+def _zero(value: QuantizedState) -> QuantizedState:
+    value.store(torch.zeros(value.shape, dtype=value.dtype, device=value.device))
+    return value
+
+
+def _to_copy(value: QuantizedState, **kwargs: Any) -> Any:
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if dtype not in (None, value.dtype):
+        return value.dequantize().to(dtype=dtype, device=device)
+    return _same_kind(value, value.codes.to(device=device), value.scales.to(device=device))
+
+
+_aten = torch.ops.aten
+_HANDLERS: dict[Any, Callable[..., Any]] = {
+    _aten.detach.default: _detach,
+    _aten.clone.default: _clone,
+    _aten.copy_.default: _copy,
+    _aten.zero_.default: _zero,
+    _aten._to_copy.default: _to_copy,
+}
+
+
+# ------------------------------------------------------------------ slots in a precision
+def precision_of(value: Any) -> str:
+    """The precision ``value`` is stored in: a :class:`QuantizedState`'s, else ``"fp32"``."""
+    return value.precision if isinstance(value, QuantizedState) else "fp32"
+
+
+def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.Tensor:
+    """``value`` converted to ``precision`` (a plain tensor for ``"fp32"``).
+
+    A tensor under :data:`MIN_QUANTIZED_NUMEL` elements, or one that is not
+    floating point, stays as it is (plain, decoded if it was stored low).
+    """
+    plain: torch.Tensor = _plain(value)
+    if precision == "fp32" or plain.numel() < MIN_QUANTIZED_NUMEL or not plain.is_floating_point():
+        return plain
+    if (
+        isinstance(value, QuantizedState)
+        and value.precision == precision
+        and value.signed == signed
+    ):
+        return value
+    writes = value.writes if isinstance(value, QuantizedState) else 0
+    return QuantizedState.encode(plain, precision, signed=signed, writes=writes)
+
+
+# ------------------------------------------------------------------ optimizers' state in a precision
+SECOND_MOMENTS = frozenset({"exp_avg_sq", "max_exp_avg_sq"})
+"""Slots kept with the unsigned table without zero, by default (torch's names for them)."""
+
+
+def group_precision(group: Mapping[str, Any]) -> str:
+    """A param group's ``state_precision`` (``"fp32"`` when it has none)."""
+    return str(group.get("state_precision", "fp32"))
+
+
+def _is_state_tensor(key: Any, value: Any, param: torch.Tensor) -> bool:
+    """Whether ``value`` is a per-element state slot of ``param`` (not a step counter)."""
+    return (
+        key != "step"
+        and isinstance(value, torch.Tensor)
+        and value.shape == param.shape
+        and value.is_floating_point()
+    )
+
+
+def convert_state(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.Tensor] | None = None,
+    second_moments: frozenset[str] = SECOND_MOMENTS,
+) -> None:
+    """Store every parameter's state slots in its group's ``state_precision``.
+
+    A slot in another precision is decoded and re-encoded; a slot under
+    :data:`MIN_QUANTIZED_NUMEL` elements stays plain. Used after loading a
+    state dict (a full-precision checkpoint into an int8 optimizer and back)
+    and after each step of a low-precision group.
+
+    Args:
+        optimizer: any optimizer whose groups may carry ``state_precision``.
+        params: only these parameters (None: all).
+        second_moments: slot names that take the unsigned table without zero.
+    """
+    chosen = None if params is None else {id(p) for p in params}
+    for group in optimizer.param_groups:
+        precision = group_precision(group)
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if not state or (chosen is not None and id(param) not in chosen):
+                continue
+            for key, value in list(state.items()):
+                if _is_state_tensor(key, value, param):
+                    signed = key not in second_moments
+                    state[key] = in_precision(value, precision, signed=signed)
+
+
+def step_in_state_precision(
+    optimizer: torch.optim.Optimizer,
+    step: Callable[[], Any],
+    second_moments: frozenset[str] = SECOND_MOMENTS,
+) -> None:
+    """Run ``step`` (a closure-free step over ``optimizer.param_groups``) in each group's precision.
+
+    Full-precision groups step together, as they always do. A low-precision
+    group steps one parameter at a time: its slots are decoded to plain
+    tensors, ``step`` runs with ``param_groups`` narrowed to that parameter
+    (a shallow copy of its group), and the slots are encoded back, so at
+    most one parameter's state is full precision at any moment.
+
+    Args:
+        optimizer: the optimizer.
+        step: its own step over ``optimizer.param_groups``, without a closure.
+        second_moments: slot names that take the unsigned table without zero.
+    """
+    groups = optimizer.param_groups
+    low = [group for group in groups if group_precision(group) != "fp32"]
+    if not low:  # loading converted any stored codes (convert_state): nothing to decode
+        step()
+        return
+    _refuse_sharded(low)
+    try:
+        full = [group for group in groups if group_precision(group) == "fp32"]
+        if full:
+            _decode_all(optimizer, full)
+            optimizer.param_groups = full
+            step()
+        for group in low:
+            for index, param in enumerate(group["params"]):
+                if param.grad is not None:
+                    optimizer.param_groups = [_narrowed(group, index)]
+                    _step_one(optimizer, param, step, second_moments)
+    finally:
+        optimizer.param_groups = groups
+
+
+def _refuse_sharded(groups: Sequence[Mapping[str, Any]]) -> None:
+    """Before anything is updated: low-precision state is for whole (unsharded) parameters.
+
+    Raises:
+        HyperparameterError: a low-precision group holds a distributed
+            (``DTensor``) parameter, such as FSDP2's shards.
+    """
+    for group in groups:
+        if any(hasattr(param, "to_local") for param in group["params"]):
+            raise HyperparameterError(
+                "state_precision",
+                group_precision(group),
+                "is for whole parameters; FSDP's sharded (DTensor) parameters keep fp32 state",
+            )
+
+
+def _narrowed(group: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """A shallow copy of ``group`` holding only its ``index``-th parameter (and name)."""
+    narrowed = {**group, "params": [group["params"][index]]}
+    names = group.get("param_names")
+    if isinstance(names, (list, tuple)) and len(names) == len(group["params"]):
+        narrowed["param_names"] = [names[index]]
+    return narrowed
+
+
+def _step_one(
+    optimizer: torch.optim.Optimizer,
+    param: torch.Tensor,
+    step: Callable[[], Any],
+    second_moments: frozenset[str],
+) -> None:
+    state = optimizer.state[param]
+    stored = {k: v for k, v in state.items() if isinstance(v, QuantizedState)}
+    for key, value in stored.items():
+        state[key] = value.dequantize()
+    step()
+    precision = group_precision(optimizer.param_groups[0])
+    for key, value in list(state.items()):
+        if not _is_state_tensor(key, value, param):
+            continue
+        kept = stored.get(key)
+        if kept is not None and kept.precision == precision:
+            kept.store(value)
+            state[key] = kept
+        else:
+            state[key] = in_precision(value, precision, signed=key not in second_moments)
+
+
+def _decode_all(optimizer: torch.optim.Optimizer, groups: Sequence[Mapping[str, Any]]) -> None:
+    """Full-precision groups hold plain slots (a low-precision checkpoint may have left codes)."""
+    for group in groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param) or {}
+            for key, value in list(state.items()):
+                if isinstance(value, QuantizedState):
+                    state[key] = value.dequantize()

@@ -1,0 +1,306 @@
+"""Low-precision optimizer state: ``state_precision="bf16" | "int8" | "int4"``.
+
+The codec is checked against a brute-force nearest-value search over its own
+table and against the published table construction; each algorithm's update
+is checked against torch's (or the algorithm's reference) run on the decoded
+state; memory against the bytes of the codes and scales; resume through
+:mod:`optiplug.checkpoint` bit for bit; and loading across precisions.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import optiplug
+from optiplug import checkpoint, testing
+from optiplug._state.codec import _codes, dynamic_table
+from optiplug._state.precision import BLOCK_SIZES, state_bytes_per_element
+from optiplug.base import QuantizedState
+from optiplug.errors import HyperparameterError
+
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "adamw": {},
+    "adam": {},
+    "sgd": {"momentum": 0.9},
+    "lion": {},
+    "muon": {},
+}
+LOW = ("bf16", "int8", "int4")
+
+
+# ------------------------------------------------ the tables and codes
+def test_the_tables_follow_the_dynamic_exponent_construction() -> None:
+    signed4 = sorted(set(dynamic_table(4, True)))
+    expected = {0.0, *(s * v for s in (1, -1) for v in (0.01, 0.055, 0.1, 0.325, 0.55, 0.775, 1.0))}
+    assert signed4 == pytest.approx(sorted(expected), rel=1e-12)
+    unsigned4 = dynamic_table(4, False, zero=False)  # a second moment's: no zero, 1e-4 instead
+    assert min(unsigned4) == pytest.approx(1e-4) and max(unsigned4) == 1.0 and 0.0 not in unsigned4
+    for bits, signed in ((8, True), (8, False), (4, True), (4, False)):
+        table = dynamic_table(bits, signed)
+        assert len(table) == 2**bits and 1.0 in table
+
+
+@pytest.mark.parametrize(("bits", "signed"), [(8, True), (8, False), (4, True), (4, False)])
+def test_each_value_gets_the_nearest_code(bits: int, signed: bool) -> None:
+    """The computed code is the brute-force nearest table value (up to float32 rounding)."""
+    generator = torch.Generator().manual_seed(bits + signed)
+    count = 50_000
+    values = torch.rand(count, generator=generator) * torch.pow(
+        10.0, -8 * torch.rand(count, generator=generator)
+    )
+    if signed:
+        values = values * torch.where(torch.rand(count, generator=generator) < 0.5, -1.0, 1.0)
+    table = torch.tensor(dynamic_table(bits, signed, zero=signed))
+    got = (table[_codes(values, bits, signed).long()] - values).abs()
+    best = (table[None, :] - values[:, None]).abs().min(dim=1).values
+    # the decade comes from log10 in float32: a value within a few ulps of a
+    # decade boundary may take the code on the boundary's other side
+    assert torch.all(got - best <= 4 * torch.finfo(torch.float32).eps * values.abs() + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=3000),
+    st.sampled_from(["int8", "int4"]),
+    st.floats(min_value=1e-6, max_value=1e6),
+)
+def test_decoding_is_within_half_a_table_step_of_the_value(
+    numel: int, precision: str, scale: float
+) -> None:
+    generator = torch.Generator().manual_seed(numel)
+    value = torch.randn(numel, generator=generator) * scale
+    decoded = QuantizedState.encode(value, precision, signed=True).dequantize()
+    bits = 8 if precision == "int8" else 4
+    table = sorted(set(dynamic_table(bits, True)))
+    widest = max(b - a for a, b in itertools.pairwise(table))
+    block = BLOCK_SIZES[precision]
+    padded = torch.nn.functional.pad(value, (0, (-numel) % block)).view(-1, block)
+    bound = (padded.abs().amax(dim=1, keepdim=True) * widest / 2).expand_as(padded).reshape(-1)
+    error = (decoded - value).abs()
+    assert torch.all(error <= bound[:numel] * (1 + 1e-5) + 1e-30)
+
+
+def test_bf16_stochastic_rounding_is_unbiased_and_reproducible() -> None:
+    value = torch.full((100_000,), 1.0 + 2**-10)  # between two bfloat16 values (ulp 2**-7)
+    first = QuantizedState.encode(value, "bf16", signed=True, writes=3).dequantize()
+    again = QuantizedState.encode(value, "bf16", signed=True, writes=3).dequantize()
+    assert torch.equal(first, again)
+    assert set(first.unique().tolist()) == {1.0, 1.0 + 2**-7}
+    # each draw rounds up with probability 1/8: the mean's standard error is
+    # ulp * sqrt(p(1-p)/n) = 8e-6; allow five of them
+    assert abs(float(first.double().mean()) - (1.0 + 2**-10)) < 5 * 2**-7 * math.sqrt(
+        (1 / 8) * (7 / 8) / value.numel()
+    )
+
+
+# ------------------------------------------------ the tensor
+def test_a_quantized_state_behaves_as_its_value() -> None:
+    value = torch.randn(64, 128)
+    stored = QuantizedState.encode(value, "int8", signed=True)
+    decoded = stored.dequantize()
+    assert stored.shape == value.shape and stored.dtype == torch.float32
+    assert torch.equal(stored * 2, decoded * 2) and bool(torch.isfinite(stored).all())
+    for copied in (copy.deepcopy(stored), pickle.loads(pickle.dumps(stored))):
+        assert isinstance(copied, QuantizedState) and torch.equal(copied.dequantize(), decoded)
+        assert copied.codes.data_ptr() != stored.codes.data_ptr()
+    with pytest.raises(TypeError, match="in place"):
+        stored.add_(1.0)
+    stored.copy_(torch.zeros_like(value))
+    assert torch.equal(stored.dequantize(), torch.zeros_like(value))
+
+
+# ------------------------------------------------ the optimizers
+def _params(seed: int = 0, shape: tuple[int, ...] = (64, 128)) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.nn.Parameter(torch.randn(*shape, generator=generator)),
+        torch.nn.Parameter(torch.randn(shape[0], generator=generator)),  # stays full precision
+    ]
+
+
+def _grads(params: list[torch.nn.Parameter], seed: int) -> None:
+    generator = torch.Generator().manual_seed(1000 + seed)
+    for param in params:
+        param.grad = torch.randn(param.shape, generator=generator)
+
+
+def _run(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], start: int, stop: int
+) -> None:
+    for index in range(start, stop):
+        _grads(params, index)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("precision", LOW)
+def test_large_slots_are_stored_low_and_small_ones_stay_full(name: str, precision: str) -> None:
+    params = _params()
+    optimizer = optiplug.create(name, params, state_precision=precision, **ALGORITHMS[name])
+    _run(optimizer, params, 0, 2)
+    for key, value in optimizer.state[params[0]].items():
+        if key != "step":
+            assert isinstance(value, QuantizedState) and value.precision == precision, key
+    assert not any(isinstance(v, QuantizedState) for v in optimizer.state[params[1]].values())
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+@pytest.mark.parametrize("precision", LOW)
+def test_the_update_is_torchs_on_the_decoded_state(name: str, precision: str) -> None:
+    """One more step equals torch's own class stepping from the decoded state."""
+    params = _params()
+    optimizer = optiplug.create(
+        name, params, lr=0.01, state_precision=precision, **ALGORITHMS[name]
+    )
+    _run(optimizer, params, 0, 3)
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    torch_class = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[
+        name
+    ]
+    keywords = {"lr": 0.01, **ALGORITHMS[name], "foreach": False}
+    if name == "adamw":
+        keywords["weight_decay"] = 1e-2
+    reference = torch_class(twins, **keywords)
+    for param, twin in zip(params, twins, strict=True):
+        reference.state[twin] = {
+            key: value.dequantize() if isinstance(value, QuantizedState) else value.clone()
+            for key, value in optimizer.state[param].items()
+        }
+    optimizer.param_groups[0]["foreach"] = False
+    optimizer.param_groups[0]["fused"] = False
+    _grads(params, 3)
+    _grads(twins, 3)
+    optimizer.step()
+    reference.step()
+    for param, twin in zip(params, twins, strict=True):
+        assert torch.equal(param.detach(), twin.detach())
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("precision", LOW)
+def test_resume_through_a_checkpoint_is_bit_equal(
+    name: str, precision: str, tmp_path: Path
+) -> None:
+    params = _params()
+    named = [(f"p{i}", p) for i, p in enumerate(params)]
+    optimizer = optiplug.create(name, named, state_precision=precision, **ALGORITHMS[name])
+    _run(optimizer, params, 0, 3)
+    checkpoint.save(tmp_path / "ckpt", optimizer)
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    _run(optimizer, params, 3, 6)
+    resumed = optiplug.create(
+        name,
+        [(f"p{i}", p) for i, p in enumerate(twins)],
+        state_precision=precision,
+        **ALGORITHMS[name],
+    )
+    checkpoint.load(tmp_path / "ckpt", resumed)
+    _run(resumed, twins, 3, 6)
+    for param, twin in zip(params, twins, strict=True):
+        assert torch.equal(param.detach(), twin.detach())
+    assert testing.same_state_value(optimizer.state_dict()["state"], resumed.state_dict()["state"])
+
+
+@pytest.mark.parametrize(
+    ("saved", "loading"), [("fp32", "int8"), ("int8", "fp32"), ("int4", "bf16")]
+)
+def test_a_checkpoint_loads_into_another_precision(
+    saved: str, loading: str, tmp_path: Path
+) -> None:
+    """The loading optimizer keeps its precision; the values are the saved ones, re-encoded."""
+    params = _params()
+    optimizer = optiplug.create("adamw", [("w", params[0])], state_precision=saved)
+    _run(optimizer, params[:1], 0, 3)
+    checkpoint.save(tmp_path / "ckpt", optimizer)
+    twin = torch.nn.Parameter(params[0].detach().clone())
+    loaded = optiplug.create("adamw", [("w", twin)], state_precision=loading)
+    checkpoint.load(tmp_path / "ckpt", loaded)
+    assert loaded.param_groups[0]["state_precision"] == loading
+    for key in ("exp_avg", "exp_avg_sq"):
+        before, after = optimizer.state[params[0]][key], loaded.state[twin][key]
+        expected = (
+            QuantizedState.encode(
+                before.dequantize() if isinstance(before, QuantizedState) else before,
+                loading,
+                signed=key == "exp_avg",
+                writes=before.writes if isinstance(before, QuantizedState) else 0,
+            )
+            if loading != "fp32"
+            else before.dequantize()
+        )
+        assert type(after) is type(expected)
+        assert testing.same_state_value(after, expected), key
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_bad_precision_names_the_field_and_the_choices(name: str) -> None:
+    with pytest.raises(HyperparameterError, match="fp32, bf16, int8, int4") as raised:
+        optiplug.create(name, _params(), state_precision="int3", **ALGORITHMS[name])
+    assert raised.value.field == "state_precision" and "int3" in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lion", "sgd"])
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_memory_is_the_codes_and_scales_and_the_estimate_agrees(name: str, precision: str) -> None:
+    params = [torch.nn.Parameter(torch.randn(1024, 1024)) for _ in range(4)]
+    optimizer = optiplug.create(name, params, state_precision=precision, **ALGORITHMS[name])
+    _run(optimizer, params, 0, 1)
+    count = sum(p.numel() for p in params)
+    slots = {"adamw": 2, "lion": 1, "sgd": 1}[name]
+    codes = count * (8 if precision == "int8" else 4) // 8
+    scales = 4 * count // BLOCK_SIZES[precision]
+    step_bytes = 4 * len(params) if name == "adamw" else 0
+    report = optiplug.memory(optimizer)
+    assert report.total == slots * (codes + scales) + step_bytes
+    bound = {"int8": 2.1 if slots == 2 else 1.05, "int4": 1.1 if slots == 2 else 0.55}[precision]
+    assert report.total / count <= bound
+    estimate = optiplug.estimate_memory(
+        name, count, num_tensors=len(params), state_precision=precision, **ALGORITHMS[name]
+    )
+    assert abs(estimate.total - report.total) <= 0.01 * report.total
+    assert state_bytes_per_element(precision) * slots * count <= report.total
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("check", testing.CHECKS, ids=lambda check: check.__name__)
+def test_the_suite_holds_in_int8(name: str, check: Any) -> None:
+    """The conformance suite, on a parameter large enough to take the int8 path.
+
+    Muon's orthogonalized step has a spectral norm of about lr, so a 64x64
+    target needs a larger lr than the suite's 0.05 (in full precision too).
+    """
+    lr = {"lr": 0.2} if name == "muon" else {}
+    check(
+        name,
+        hparams={"state_precision": "int8", **ALGORITHMS[name], **lr},
+        shape=(64, 64),
+        dtype=torch.float32,
+    )
+
+
+# ------------------------------------------------ the training command
+def test_train_takes_the_state_precision(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from optiplug.cli import main
+
+    tiny = ["--layers", "1", "--d-model", "64", "--heads", "2", "--block-size", "32",
+            "--batch-size", "8", "--max-chars", "100000", "--sample-chars", "20",
+            "--eval-windows", "8", "--threads", "1", "--steps", "6"]  # fmt: skip
+    code = main(["train", *tiny, "--state-precision", "int8", "--save", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and "state_precision='int8'" in out
+    assert main(["train", *tiny[:-1], "8", "--resume", str(tmp_path / "run")]) == 0
+    assert "state_precision='int8'" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", *tiny, "--state-precision", "int3"])
