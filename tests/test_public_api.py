@@ -21,6 +21,8 @@ EXPECTED_ALL = {
     "ImplementationSpec",
     "LazyCallable",
     "MemoryEstimate",
+    "MemoryOption",
+    "MemoryPlan",
     "MemoryReport",
     "OptimizerFactory",
     "OptimizerSpec",

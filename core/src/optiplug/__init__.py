@@ -39,7 +39,14 @@ from ._core.hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._core.implementations import torch_implementations
 from ._core.registry import ENTRY_POINT_GROUP, PluginWarning, Registry
 from ._core.routing import ParameterRoute, Routing
-from ._core.selection import CandidateReport, Selection, TuneReport, TuneTrial
+from ._core.selection import (
+    CandidateReport,
+    MemoryOption,
+    MemoryPlan,
+    Selection,
+    TuneReport,
+    TuneTrial,
+)
 from ._core.specs import (
     Candidate,
     CommandSpec,
@@ -71,6 +78,8 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "Candidate",
     "CandidateReport",
+    "MemoryOption",
+    "MemoryPlan",
     "CommandSpec",
     "ImplementationSpec",
     "LazyCallable",
@@ -142,6 +151,8 @@ _compat.allow_in_weights_only_load(
         OptimizerFactory,
         Selection,
         CandidateReport,
+        MemoryOption,
+        MemoryPlan,
         TuneReport,
         TuneTrial,
         Candidate,

@@ -16,7 +16,14 @@ import attrs
 from .._core.registry import Registry, bound_registry
 from .._core.selection import Selection
 from .._core.specs import Candidate, SelectionRequest
-from ..errors import ModelConfigError
+from ..errors import HyperparameterError, ModelConfigError
+from .budget import (
+    Footprint,
+    apply_memory_budget,
+    config_footprint,
+    model_footprint,
+    parse_memory_budget,
+)
 from .model_config import (
     config_mapping,
     estimate_parameters,
@@ -32,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["AutoOptimizer"]
 
 STAGES = ("pretraining", "finetuning")
+
+MemoryBudget = int | str
+"""Bytes, or a size such as ``"24GB"`` (1e9 bytes) or ``"80 GiB"`` (2**30 bytes)."""
 
 
 def _check_stage(stage: str | None) -> str | None:
@@ -67,6 +77,34 @@ def _request_from_config(
     )
 
 
+def _budgeted(
+    request: SelectionRequest,
+    budget: int | None,
+    footprint: Footprint | None,
+    registry: Registry | None,
+) -> Selection:
+    """Select for ``request``, then fit the choice to ``budget`` bytes when there is one."""
+    bound = bound_registry(registry)
+    selection = bound.select(request)
+    if budget is None or footprint is None:
+        return selection
+    return apply_memory_budget(selection, budget, footprint, bound)
+
+
+def _check_budget(memory_budget: MemoryBudget | None, num_parameters: int | None) -> int | None:
+    """The budget in bytes (None without one); it needs a parameter count."""
+    if memory_budget is None:
+        return None
+    budget = parse_memory_budget(memory_budget)
+    if num_parameters is None:
+        raise HyperparameterError(
+            "memory_budget",
+            memory_budget,
+            "needs the parameter count: pass num_parameters= or a config (--params or --config)",
+        )
+    return budget
+
+
 class AutoOptimizer:
     """Pick an optimizer and hyperparameters for a task or model, and say why.
 
@@ -84,6 +122,7 @@ class AutoOptimizer:
         stage: str | None = None,
         total_steps: int | None = None,
         registry: Registry | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> Selection:
         """Select for a task, optionally with a model config or a parameter count.
 
@@ -98,6 +137,14 @@ class AutoOptimizer:
             total_steps: the run's length in optimizer steps, if known (a
                 rule may prefer a schedule-free optimizer when it is not).
             registry: where to look; the default registry when None.
+            memory_budget: memory per device, in bytes or as ``"24GB"``,
+                ``"80 GiB"``, ``"512MB"`` (GB = 1e9 bytes, GiB = 2**30): the
+                choice must hold the parameters, gradients and optimizer
+                state in it (activations are not counted). The parameters'
+                dtype is the config's ``torch_dtype``, else float32. When the
+                rules' choice does not fit, its state is kept at a lower
+                ``state_precision`` or another candidate is chosen;
+                ``selection.memory`` and ``explain()`` show the arithmetic.
 
         Returns:
             The :class:`Selection`.
@@ -105,7 +152,10 @@ class AutoOptimizer:
         Raises:
             ModelConfigError: an unreadable config or one lacking the needed
                 keys, or a ``total_steps`` that is not a positive integer.
+            HyperparameterError: a ``memory_budget`` that is not a positive
+                size, or one given without a parameter count.
         """
+        mapping: Mapping[str, Any] | None = None
         if config is not None:
             if isinstance(config, (str, os.PathLike)):
                 mapping = read_config(config)
@@ -120,7 +170,11 @@ class AutoOptimizer:
                 stage=_check_stage(stage),
             )
         request = attrs.evolve(request, total_steps=_check_steps(total_steps))
-        return bound_registry(registry).select(request)
+        budget = _check_budget(memory_budget, request.num_parameters)
+        footprint = None
+        if budget is not None and request.num_parameters is not None:
+            footprint = config_footprint(mapping, request.num_parameters)
+        return _budgeted(request, budget, footprint, registry)
 
     @classmethod
     def from_config(
@@ -130,6 +184,7 @@ class AutoOptimizer:
         task: str | None = None,
         stage: str | None = None,
         registry: Registry | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> Selection:
         """Select from a model config: a mapping, a config object, or a ``config.json`` path.
 
@@ -139,11 +194,15 @@ class AutoOptimizer:
         text-generation, ``...ForSequenceClassification`` ->
         text-classification, ``...ForQuestionAnswering`` ->
         question-answering, ``...ForMaskedLM`` -> fill-mask).
+        ``memory_budget`` works as in :meth:`for_task`.
 
         Raises:
             ModelConfigError: an unreadable config or one lacking the needed keys.
+            HyperparameterError: a ``memory_budget`` that is not a positive size.
         """
-        return cls.for_task(task, config, stage=stage, registry=registry)
+        return cls.for_task(
+            task, config, stage=stage, registry=registry, memory_budget=memory_budget
+        )
 
     @classmethod
     def from_pretrained(
@@ -153,18 +212,23 @@ class AutoOptimizer:
         task: str | None = None,
         stage: str | None = None,
         registry: Registry | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> Selection:
         """Select from a local model directory/``config.json``, or an offline hub cache entry.
 
         Without ``task``, the config's ``architectures`` name it when they
-        can (see :meth:`from_config`).
+        can (see :meth:`from_config`). ``memory_budget`` works as in
+        :meth:`for_task`.
 
         Raises:
             ModelConfigError: nothing at that path (and not cached), no
                 ``config.json`` in the directory, or invalid JSON; names the path.
+            HyperparameterError: a ``memory_budget`` that is not a positive size.
         """
         config = read_config(resolve_pretrained(name_or_path))
-        return cls.for_task(task, config, stage=stage, registry=registry)
+        return cls.for_task(
+            task, config, stage=stage, registry=registry, memory_budget=memory_budget
+        )
 
     @classmethod
     def for_model(
@@ -175,6 +239,7 @@ class AutoOptimizer:
         stage: str | None = None,
         total_steps: int | None = None,
         registry: Registry | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> Selection:
         """Select for a module, counting its trainable parameters exactly.
 
@@ -184,9 +249,15 @@ class AutoOptimizer:
             stage: ``"pretraining"`` or ``"finetuning"``, if known.
             total_steps: the run's length in optimizer steps, if known.
             registry: where to look.
+            memory_budget: memory per device, as for :meth:`for_task`; the
+                parameters' bytes are read from the module (frozen ones
+                count, without gradients or state).
 
         Returns:
             The :class:`Selection`.
+
+        Raises:
+            HyperparameterError: a ``memory_budget`` that is not a positive size.
         """
         count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         config = getattr(model, "config", None)
@@ -203,7 +274,9 @@ class AutoOptimizer:
             stage=_check_stage(stage),
             total_steps=_check_steps(total_steps),
         )
-        return bound_registry(registry).select(request)
+        budget = _check_budget(memory_budget, count)
+        footprint = model_footprint(model) if budget is not None else None
+        return _budgeted(request, budget, footprint, registry)
 
     @classmethod
     def tune(
@@ -307,9 +380,18 @@ class AutoOptimizer:
         num_parameters: int | None = None,
         stage: str | None = None,
         registry: Registry | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> str:
-        """Every candidate for this request, its score, rule and plugin, as text."""
+        """Every candidate for this request, its score, rule and plugin, as text.
+
+        With ``memory_budget`` (see :meth:`for_task`), the memory arithmetic too.
+        """
         selection = cls.for_task(
-            task, config, num_parameters=num_parameters, stage=stage, registry=registry
+            task,
+            config,
+            num_parameters=num_parameters,
+            stage=stage,
+            registry=registry,
+            memory_budget=memory_budget,
         )
         return selection.explain()

@@ -26,13 +26,22 @@ if TYPE_CHECKING:
     from .protocols import CandidateSource
 
 __all__ = [
+    "MAX_FSDP_RANKS",
     "CandidateReport",
+    "MemoryOption",
+    "MemoryPlan",
     "Selection",
     "TuneReport",
     "TuneTrial",
+    "explain_memory",
     "explain_selection",
+    "format_size",
+    "ranks_to_fit",
     "select",
 ]
+
+MAX_FSDP_RANKS = 1024
+"""The most FSDP ranks a memory plan considers when nothing fits one device."""
 
 
 @attrs.frozen
@@ -41,8 +50,9 @@ class CandidateReport:
 
     Attributes:
         candidate: the proposal (``provider`` filled in).
-        status: ``"chosen"``, ``"outscored"`` or ``"skipped"``.
-        note: why it was skipped, if it was.
+        status: ``"chosen"``, ``"outscored"``, ``"skipped"`` (not installed) or
+            ``"over budget"`` (passed over by a memory budget).
+        note: why it was skipped or passed over, if it was.
     """
 
     candidate: Candidate
@@ -139,6 +149,88 @@ class TuneReport:
 
 
 @attrs.frozen
+class MemoryOption:
+    """One candidate at one state precision, as a memory budget counted it (bytes).
+
+    Attributes:
+        algorithm: the candidate's algorithm.
+        state_precision: the ``state_precision`` counted, or None when the
+            algorithm takes none (its state as it stores it).
+        parameters: bytes of the parameters.
+        gradients: bytes of the gradients (the trainable parameters' dtype and size).
+        state: estimated bytes of the optimizer state.
+        rule: the rule that proposed the candidate.
+    """
+
+    algorithm: str
+    state_precision: str | None
+    parameters: int
+    gradients: int
+    state: int
+    rule: str = ""
+
+    @property
+    def total(self) -> int:
+        """Parameters, gradients and state together (activations not counted)."""
+        return self.parameters + self.gradients + self.state
+
+
+def _options(value: Iterable[MemoryOption]) -> tuple[MemoryOption, ...]:
+    return tuple(value)
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class MemoryPlan:
+    """How a selection was fitted to a memory budget, and what it counts.
+
+    Attributes:
+        budget: the budget per device, in bytes.
+        num_parameters: the trainable parameters counted.
+        dtype: the parameters' dtype name (``"bfloat16"``).
+        fits: whether the selection fits the budget; None when its state
+            memory could not be estimated (the budget was then not applied).
+        chosen: the selection's own option (the rules' choice, unchanged,
+            when nothing fits); None when it could not be estimated.
+        tried: every option counted, in the order tried, up to the one that fits.
+        fsdp_ranks: when nothing fits, the fewest FSDP ranks (up to
+            :data:`MAX_FSDP_RANKS`) over which ``compact`` fits; None otherwise
+            or when even that many do not suffice.
+        compact: when nothing fits, the option tried that needs the least memory.
+        notes: what else the figures rest on (a dtype assumed, candidates
+            whose state could not be estimated).
+    """
+
+    budget: int
+    num_parameters: int
+    dtype: str
+    fits: bool | None
+    chosen: MemoryOption | None
+    tried: tuple[MemoryOption, ...] = attrs.field(default=(), converter=_options)
+    fsdp_ranks: int | None = None
+    compact: MemoryOption | None = None
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+
+
+def ranks_to_fit(total: int, budget: int) -> int | None:
+    """The fewest FSDP ranks over which ``total`` bytes, sharded evenly, fit ``budget`` per rank.
+
+    Args:
+        total: bytes of parameters, gradients and state together.
+        budget: bytes per rank (> 0).
+
+    Returns:
+        ``r`` in 1..:data:`MAX_FSDP_RANKS` with ``total / r <= budget``, or
+        None when more ranks would be needed.
+    """
+    ranks = max(1, -(-total // budget))
+    return ranks if ranks <= MAX_FSDP_RANKS else None
+
+
+@attrs.frozen
 class Selection(OptimizerFactory):
     """What ``AutoOptimizer`` chose: call it with parameters to build the optimizer.
 
@@ -148,6 +240,7 @@ class Selection(OptimizerFactory):
         candidates: every candidate considered, best first.
         request: what the rules were asked.
         tuning: what ``AutoOptimizer.tune`` measured, or None for a rule's choice.
+        memory: how the choice was fitted to a memory budget, or None without one.
     """
 
     schedule: Any = None
@@ -155,6 +248,7 @@ class Selection(OptimizerFactory):
     candidates: tuple[CandidateReport, ...] = ()
     request: SelectionRequest = attrs.field(factory=SelectionRequest)
     tuning: TuneReport | None = None
+    memory: MemoryPlan | None = None
 
     # attrs writes pickling methods for each slotted class; keep the factory's,
     # which leave the registry out and accept pickles made before it existed.
@@ -295,7 +389,87 @@ def explain_selection(selection: Selection) -> str:
             f"held-out loss over {tuning.held_out_batches} batches; lr = {tuning.lr_rule}):",
             tuning.table(),
         ]
+    if selection.memory is not None:
+        lines += ["", *explain_memory(selection.memory)]
     return "\n".join(lines)
+
+
+def format_size(size: int) -> str:
+    """Bytes in decimal units, one decimal: ``"31.2 GB"``, ``"512.0 MB"``, ``"12 B"``."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def _arithmetic(option: MemoryOption) -> str:
+    """``"31.2 GB (parameters 14.0 GB + gradients 14.0 GB + state 3.7 GB at int4)"``."""
+    precision = f" at {option.state_precision}" if option.state_precision else ""
+    return (
+        f"{format_size(option.total)} (parameters {format_size(option.parameters)} + gradients "
+        f"{format_size(option.gradients)} + state {format_size(option.state)}{precision})"
+    )
+
+
+def _label(option: MemoryOption) -> str:
+    precision = option.state_precision or "its own state precision (it takes no state_precision)"
+    rule = f" (rule {option.rule})" if option.rule else ""
+    return f"{option.algorithm}{rule} at {precision}"
+
+
+def _sharded(total: int, budget: int) -> str:
+    """What FSDP would need per rank for ``total`` bytes, as a sentence."""
+    ranks = ranks_to_fit(total, budget)
+    if ranks is None:
+        return f"it does not fit even over {MAX_FSDP_RANKS} ranks with FSDP"
+    return (
+        f"over {ranks} ranks with FSDP (parameters, gradients and state sharded) it "
+        f"needs {format_size(-(-total // ranks))} per rank, which fits"
+    )
+
+
+def _verdict(plan: MemoryPlan) -> list[str]:
+    """The plan's verdict on the selection: fits, does not fit (and what would), or not applied."""
+    chosen, budget = plan.chosen, plan.budget
+    if plan.fits is None or chosen is None:
+        return ["  not applied: the choice's state memory could not be estimated"]
+    if plan.fits:
+        return [
+            f"  fits: {_label(chosen)} needs {_arithmetic(chosen)}, "
+            f"{format_size(budget - chosen.total)} under the budget"
+        ]
+    lines = [
+        f"  does not fit: the rules' choice, {_label(chosen)}, needs {_arithmetic(chosen)};"
+        " returned unchanged",
+        f"    {_sharded(chosen.total, budget)}",
+    ]
+    if plan.compact is not None and plan.compact != chosen:
+        lines += [
+            f"  most compact: {_label(plan.compact)} needs {_arithmetic(plan.compact)}",
+            f"    {_sharded(plan.compact.total, budget)}",
+        ]
+    return lines
+
+
+def explain_memory(plan: MemoryPlan) -> list[str]:
+    """A memory plan as ``explain`` shows it: the arithmetic, the verdict, every option tried."""
+    lines = [
+        f"memory budget: {format_size(plan.budget)} per device for {plan.num_parameters:,} "
+        f"trainable {plan.dtype} parameters (parameters + gradients + optimizer state; activations "
+        "and temporary buffers are not counted)",
+        *_verdict(plan),
+        *(f"  note: {note}" for note in plan.notes),
+    ]
+    if plan.tried:
+        lines.append("  tried, in order:")
+    for option in plan.tried:
+        over = option.total - plan.budget
+        verdict = "fits" if over <= 0 else f"over by {format_size(over)}"
+        lines.append(
+            f"    {_label(option)}: {format_size(option.total)} "
+            f"(state {format_size(option.state)}): {verdict}"
+        )
+    return lines
 
 
 def plot_tuning(tuning: TuneReport, path: str | os.PathLike[str]) -> None:

@@ -10,7 +10,7 @@ import attrs
 
 from .._auto.model_config import checked_task, parse_parameter_count
 from .._auto.selection import AutoOptimizer
-from .._core.selection import Selection
+from .._core.selection import MemoryOption, MemoryPlan, Selection
 
 __all__ = ["configure_auto", "run_auto", "selection_to_dict"]
 
@@ -24,6 +24,15 @@ def configure_auto(parser: argparse.ArgumentParser) -> None:
         "--params", help="parameter count N: 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
     )
     parser.add_argument("--stage", choices=["pretraining", "finetuning"])
+    parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help=(
+            "memory per device for parameters, gradients and optimizer state (activations "
+            "not counted): 24GB (1e9 bytes), 80GiB (2**30 bytes), 512MB or bytes; needs "
+            "--config or --params"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -34,7 +43,8 @@ def selection_to_dict(selection: Selection) -> dict[str, Any]:
         selection: what ``AutoOptimizer`` chose.
 
     Returns:
-        The choice, its schedule, the reason, the request and every candidate.
+        The choice, its schedule, the reason, the request, every candidate
+        and the memory plan (bytes; None without a budget).
     """
     schedule = selection.schedule
     candidates = []
@@ -56,6 +66,7 @@ def selection_to_dict(selection: Selection) -> dict[str, Any]:
         )
     request = attrs.asdict(selection.request)
     request.pop("config", None)
+    memory = selection.memory
     return {
         "optimizer": selection.optimizer,
         "hparams": selection.hparams,
@@ -63,7 +74,24 @@ def selection_to_dict(selection: Selection) -> dict[str, Any]:
         "reason": selection.reason,
         "request": request,
         "candidates": candidates,
+        "memory": None if memory is None else _memory_to_dict(memory),
     }
+
+
+def _memory_to_dict(plan: MemoryPlan) -> dict[str, Any]:
+    """A memory plan as JSON-ready data, each option with its ``total`` bytes."""
+    data = attrs.asdict(plan, recurse=False)
+    for key in ("chosen", "compact"):
+        data[key] = _option_to_dict(data[key])
+    data["tried"] = [_option_to_dict(option) for option in plan.tried]
+    data["notes"] = list(plan.notes)
+    return data
+
+
+def _option_to_dict(option: MemoryOption | None) -> dict[str, Any] | None:
+    if option is None:
+        return None
+    return {**attrs.asdict(option), "total": option.total}
 
 
 def run_auto(args: argparse.Namespace) -> int:
@@ -71,14 +99,15 @@ def run_auto(args: argparse.Namespace) -> int:
 
     Args:
         args: the parsed arguments (``task``, ``config``, ``params``, ``stage``,
-            ``json``, ``registry``).
+            ``memory_budget``, ``json``, ``registry``).
 
     Returns:
         0.
 
     Raises:
-        OptiplugError: an unknown task (with a did-you-mean), a bad ``--params``,
-            an unreadable config, or no rule proposed an installed optimizer.
+        OptiplugError: an unknown task (with a did-you-mean), a bad ``--params``
+            or ``--memory-budget`` (or a budget without a size), an unreadable
+            config, or no rule proposed an installed optimizer.
     """
     task = checked_task(args.task)  # a typo is refused, not sent to the size rules
     count = parse_parameter_count(args.params) if args.params is not None else None
@@ -88,6 +117,7 @@ def run_auto(args: argparse.Namespace) -> int:
         num_parameters=count,
         stage=args.stage,
         registry=args.registry,
+        memory_budget=args.memory_budget,
     )
     if args.json:
         print(json.dumps(selection_to_dict(selection), indent=2, default=str))
