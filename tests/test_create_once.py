@@ -130,3 +130,20 @@ def test_a_class_built_directly_validates_through_the_same_routine(
     assert counts["selections"] == 1, counts
     with pytest.raises(HyperparameterError, match="lr"):
         optiplug_adamw.AdamW(_params(), lr=-1.0)
+
+
+def test_creating_an_optimizer_does_not_import_dynamo() -> None:
+    """torch's add_param_group imports torch._dynamo (about a second) unless bypassed outside a compile."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, optiplug\n"
+        "params = [torch.nn.Parameter(torch.zeros(64, 64)) for _ in range(3)]\n"
+        "for name in ('adamw', 'lion', 'muon'):\n"
+        "    opt = optiplug.create(name, params, impl=None if name == 'muon' else 'loop')\n"
+        "    opt.add_param_group({'params': [torch.nn.Parameter(torch.zeros(64, 64))]})\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -485,6 +485,24 @@ class ValidatedLoading(torch.optim.Optimizer):
     how the saving optimizer ran, not the state.
     """
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, without importing ``torch._dynamo`` outside a compile.
+
+        torch wraps the method so that a compile does not trace into it; the
+        wrapper imports ``torch._dynamo`` on first use, about a second on a
+        small CPU machine, in every process that builds an optimizer. Outside
+        a compile the wrapped function runs directly; inside one, the wrapper.
+
+        Args:
+            param_group: the group, as ``torch.optim.Optimizer`` takes it.
+        """
+        wrapped = torch.optim.Optimizer.add_param_group
+        plain = getattr(wrapped, "__wrapped__", None)
+        if plain is None or torch.compiler.is_compiling():
+            wrapped(self, param_group)
+        else:
+            plain(self, param_group)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Validate ``state_dict``, then load it all-or-nothing.
 
