@@ -319,9 +319,37 @@ def test_cautious_weight_decay_matches_the_published_rule(impl: str) -> None:
     if impl == "fused":
         from optiplug_lion import functional
 
-        assert functional.kernel_status().get(("cpu", torch.float64)) is True  # it ran compiled
+        # it was compiled and run; kept only where its first run agreed with the eager
+        # update (a cached kernel built for another vector ISA gets it disabled)
+        assert functional.kernel_status().get(("cpu", torch.float64)) is not None
 
 
 def test_a_bad_weight_decay_mode_names_the_choices() -> None:
     with pytest.raises(HyperparameterError, match=r"weight_decay_mode.*decoupled, cautious"):
         optiplug.create("lion", [torch.nn.Parameter(torch.ones(2))], weight_decay_mode="gentle")
+
+
+def test_a_compiled_kernel_that_disagrees_with_the_eager_update_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel that updates only part of its input (as a stale cached one did) is caught at once."""
+    from optiplug_lion import functional
+
+    def half_kernel(
+        param: torch.Tensor, grad: torch.Tensor, avg: torch.Tensor, hyper: torch.Tensor
+    ) -> None:
+        half = param.numel() // 2
+        functional._lion_kernel(param[:half], grad[:half], avg[:half], hyper)
+
+    key = ("cpu", torch.float64)
+    monkeypatch.setitem(functional._kernels, key, half_kernel)
+    monkeypatch.setattr(functional, "_verified", set())
+    params, twins = make_params(), make_params()
+    fused = Lion(params, lr=0.01, impl="fused")
+    loop = Lion(twins, lr=0.01, impl="loop")
+    with pytest.warns(functional.FusedFallbackWarning, match="disagree with the eager update"):
+        run(fused, params, range(3))
+    run(loop, twins, range(3))
+    for got, want in zip(params, twins, strict=True):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=0, atol=1e-12)
+    assert functional.kernel_status()[key] is False

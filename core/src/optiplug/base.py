@@ -492,16 +492,20 @@ class ValidatedLoading(torch.optim.Optimizer):
         wrapper imports ``torch._dynamo`` on first use, about a second on a
         small CPU machine, in every process that builds an optimizer. Outside
         a compile the wrapped function runs directly; inside one, the wrapper.
+        A class between this one and torch's (a library's optimizer that
+        overrides the method, torchao's or SaRA's) runs its own as ever.
 
         Args:
             param_group: the group, as ``torch.optim.Optimizer`` takes it.
         """
+        following = super().add_param_group  # a library class's own override comes first
         wrapped = torch.optim.Optimizer.add_param_group
         plain = getattr(wrapped, "__wrapped__", None)
-        if plain is None or torch.compiler.is_compiling():
-            wrapped(self, param_group)
-        else:
+        is_torchs = getattr(following, "__func__", None) is wrapped
+        if is_torchs and plain is not None and not torch.compiler.is_compiling():
             plain(self, param_group)
+        else:
+            following(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Validate ``state_dict``, then load it all-or-nothing.

@@ -19,7 +19,9 @@ and keep the same state (``m``), so a state dict moves freely between them.
   (device type, dtype) with dynamic shapes and works on flat views, so new
   shapes do not recompile. Tensors under :data:`MIN_KERNEL_NUMEL` elements
   (where a kernel call costs more than it saves) and non-contiguous ones take
-  the loop. If compiling fails, it warns once and uses :func:`lion_foreach`.
+  the loop. If compiling fails, or the kernel's first run disagrees with the
+  eager update of the same tensors (checked once per device and dtype), it
+  warns once and uses :func:`lion_foreach`.
 """
 
 from __future__ import annotations
@@ -249,12 +251,65 @@ def _run_kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, packed: Tensor) ->
     kernel = _compiled_kernel(*key)
     if kernel is None:
         return False
+    if key not in _verified:
+        return _first_run(key, kernel, param, grad, exp_avg, packed)
     try:
         kernel(param.detach().view(-1), grad.view(-1), exp_avg.view(-1), packed)
     except Exception as error:  # compile errors surface on the first call
         _disable_kernel(key, error)
         return False
     return True
+
+
+_verified: set[tuple[str, torch.dtype]] = set()
+"""Kernels whose first run agreed with the eager update."""
+
+MAX_DISAGREEMENT = 1e-3
+"""The share of elements a compiled kernel's first run may differ on from the eager update
+(a sign taken at a rounding-level tie); more disables it. Seen: torch's on-disk compile cache
+holding a kernel built for AVX-512 reused by a process running AVX2 code
+(``ATEN_CPU_CAPABILITY=avx2``) left every other run of eight float64 elements unchanged."""
+
+
+def _first_run(
+    key: tuple[str, torch.dtype],
+    kernel: Callable[..., None],
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    packed: Tensor,
+) -> bool:
+    """The compiled kernel's first run, checked against the eager update of the same tensors.
+
+    On a disagreement the eager result is kept, the kernel disabled for
+    ``key`` (warning once) and False returned, so the caller's fallback
+    would step again: the tensors are put back to their state before.
+    """
+    flat_param, flat_avg = param.detach().view(-1), exp_avg.view(-1)
+    before = (flat_param.clone(), flat_avg.clone())
+    try:
+        kernel(flat_param, grad.view(-1), flat_avg, packed)
+    except Exception as error:  # compile errors surface on the first call
+        _disable_kernel(key, error)
+        return False
+    eager_param, eager_avg = before[0].clone(), before[1].clone()
+    _lion_kernel(eager_param, grad.view(-1), eager_avg, packed)
+    if _share_differing(flat_param, eager_param) + _share_differing(flat_avg, eager_avg) > (
+        MAX_DISAGREEMENT
+    ):
+        flat_param.copy_(before[0])
+        flat_avg.copy_(before[1])
+        _disable_kernel(key, RuntimeError("its results disagree with the eager update"))
+        return False
+    with _lock:
+        _verified.add(key)
+    return True
+
+
+def _share_differing(got: Tensor, expected: Tensor) -> float:
+    """The share of elements differing by more than a few units in the last place."""
+    tolerance = 8 * torch.finfo(expected.dtype).eps * expected.abs().clamp_min(1.0)
+    return float(((got - expected).abs() > tolerance).float().mean())
 
 
 def lion_fused(
