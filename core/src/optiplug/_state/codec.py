@@ -42,26 +42,19 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import HyperparameterError
-from ..validators import STATE_PRECISIONS
 from .precision import BLOCK_SIZES, CODE_BITS
 
 __all__ = [
     "BLOCK_SIZES",
     "MIN_QUANTIZED_NUMEL",
-    "PRECISIONS",
     "QuantizedState",
     "SECOND_MOMENTS",
-    "check_precision",
     "convert_state",
     "dynamic_table",
     "in_precision",
     "group_precision",
-    "precision_of",
     "step_in_state_precision",
 ]
-
-PRECISIONS = STATE_PRECISIONS
-"""The state precisions: ``fp32`` (full: the parameter's own dtype), ``bf16``, ``int8``, ``int4``."""
 
 CHUNK = 1 << 18
 """Elements encoded at a time: the temporaries of a chunk (1 MB each) stay in cache,
@@ -71,19 +64,6 @@ MIN_QUANTIZED_NUMEL = 4096
 """Smaller state tensors stay full precision (torchao's threshold)."""
 
 _BITS = CODE_BITS
-
-
-def check_precision(value: Any, algorithm: str = "") -> str:
-    """``value`` if it names a state precision.
-
-    Raises:
-        HyperparameterError: naming ``state_precision`` and listing the choices.
-    """
-    if not isinstance(value, str) or value not in PRECISIONS:
-        raise HyperparameterError(
-            "state_precision", value, f"must be one of {', '.join(PRECISIONS)}", algorithm=algorithm
-        )
-    return value
 
 
 # ------------------------------------------------------------------ the tables
@@ -435,11 +415,6 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
 
 
 # ------------------------------------------------------------------ slots in a precision
-def precision_of(value: Any) -> str:
-    """The precision ``value`` is stored in: a :class:`QuantizedState`'s, else ``"fp32"``."""
-    return value.precision if isinstance(value, QuantizedState) else "fp32"
-
-
 def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.Tensor:
     """``value`` converted to ``precision`` (a plain tensor for ``"fp32"``).
 
@@ -535,8 +510,8 @@ def step_in_state_precision(
     _refuse_sharded(low)
     try:
         full = [group for group in groups if group_precision(group) == "fp32"]
-        if full:
-            _decode_all(optimizer, full)
+        if full:  # stored codes there (a group switched back to fp32) are decoded first
+            convert_state(optimizer, [p for g in full for p in g["params"]], second_moments)
             optimizer.param_groups = full
             step()
         for group in low:
@@ -594,13 +569,3 @@ def _step_one(
             state[key] = kept
         else:
             state[key] = in_precision(value, precision, signed=key not in second_moments)
-
-
-def _decode_all(optimizer: torch.optim.Optimizer, groups: Sequence[Mapping[str, Any]]) -> None:
-    """Full-precision groups hold plain slots (a low-precision checkpoint may have left codes)."""
-    for group in groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param) or {}
-            for key, value in list(state.items()):
-                if isinstance(value, QuantizedState):
-                    state[key] = value.dequantize()

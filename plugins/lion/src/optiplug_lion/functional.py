@@ -246,19 +246,25 @@ def _hyper_tensor(hyper: LionHyper, param: Tensor) -> Tensor:
 
 
 def _run_kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, packed: Tensor) -> bool:
-    """Run the compiled kernel on one tensor; False if it is unavailable (nothing changed)."""
+    """Run the compiled kernel on one tensor; False if it is unavailable (nothing changed).
+
+    A kernel's first run per (device, dtype) is checked against the eager
+    update of the same tensors (:func:`_agrees_with_eager`).
+    """
     key = (param.device.type, param.dtype)
     kernel = _compiled_kernel(*key)
     if kernel is None:
         return False
-    if key not in _verified:
-        return _first_run(key, kernel, param, grad, exp_avg, packed)
+    flat_param, flat_avg = param.detach().view(-1), exp_avg.view(-1)
+    before = None if key in _verified else (flat_param.clone(), flat_avg.clone())
     try:
-        kernel(param.detach().view(-1), grad.view(-1), exp_avg.view(-1), packed)
+        kernel(flat_param, grad.view(-1), flat_avg, packed)
     except Exception as error:  # compile errors surface on the first call
         _disable_kernel(key, error)
         return False
-    return True
+    return before is None or _agrees_with_eager(
+        key, before, flat_param, grad.view(-1), flat_avg, packed
+    )
 
 
 _verified: set[tuple[str, torch.dtype]] = set()
@@ -271,34 +277,26 @@ holding a kernel built for AVX-512 reused by a process running AVX2 code
 (``ATEN_CPU_CAPABILITY=avx2``) left every other run of eight float64 elements unchanged."""
 
 
-def _first_run(
+def _agrees_with_eager(
     key: tuple[str, torch.dtype],
-    kernel: Callable[..., None],
+    before: tuple[Tensor, Tensor],
     param: Tensor,
     grad: Tensor,
     exp_avg: Tensor,
     packed: Tensor,
 ) -> bool:
-    """The compiled kernel's first run, checked against the eager update of the same tensors.
+    """Whether the kernel's first run matches the eager update from ``before``.
 
-    On a disagreement the eager result is kept, the kernel disabled for
-    ``key`` (warning once) and False returned, so the caller's fallback
-    would step again: the tensors are put back to their state before.
+    On a disagreement the tensors are put back to ``before`` (the caller's
+    fallback steps them again), the kernel is disabled for ``key`` (warning
+    once) and False returned.
     """
-    flat_param, flat_avg = param.detach().view(-1), exp_avg.view(-1)
-    before = (flat_param.clone(), flat_avg.clone())
-    try:
-        kernel(flat_param, grad.view(-1), flat_avg, packed)
-    except Exception as error:  # compile errors surface on the first call
-        _disable_kernel(key, error)
-        return False
     eager_param, eager_avg = before[0].clone(), before[1].clone()
-    _lion_kernel(eager_param, grad.view(-1), eager_avg, packed)
-    if _share_differing(flat_param, eager_param) + _share_differing(flat_avg, eager_avg) > (
-        MAX_DISAGREEMENT
-    ):
-        flat_param.copy_(before[0])
-        flat_avg.copy_(before[1])
+    _lion_kernel(eager_param, grad, eager_avg, packed)
+    differing = _share_differing(param, eager_param) + _share_differing(exp_avg, eager_avg)
+    if differing > MAX_DISAGREEMENT:
+        param.copy_(before[0])
+        exp_avg.copy_(before[1])
         _disable_kernel(key, RuntimeError("its results disagree with the eager update"))
         return False
     with _lock:
