@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import optiplug
 from optiplug._choice.chooser import chooser_of
@@ -248,7 +251,13 @@ FALLBACK_SCRIPT = textwrap.dedent(
 
 
 def test_compile_failure_falls_back_to_foreach_with_one_warning(tmp_path) -> None:
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    # no C compiler for the native kernel either, so torch.compile is tried, and fails
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "CC": "/nonexistent/cc",
+        "OPTIPLUG_CACHE_DIR": str(tmp_path / "optiplug"),
+    }
     done = subprocess.run(
         [sys.executable, "-c", FALLBACK_SCRIPT],
         env=env,
@@ -353,3 +362,104 @@ def test_a_compiled_kernel_that_disagrees_with_the_eager_update_is_dropped(
     for got, want in zip(params, twins, strict=True):
         torch.testing.assert_close(got.detach(), want.detach(), rtol=0, atol=1e-12)
     assert functional.kernel_status()[key] is False
+
+
+# ------------------------------------------------------------------ the native (C) kernel
+needs_cc = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler"
+)
+
+
+def _one_tensor_case(dtype: torch.dtype, numel: int, seed: int) -> list[torch.Tensor]:
+    """param, grad, momentum with zeros, a NaN gradient and ties mixed in."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(numel, generator=generator, dtype=dtype) for _ in range(3)]
+    param, grad, avg = tensors
+    avg[::7] = 0.0
+    grad[::11] = 0.0
+    param[::13] = 0.0
+    grad[numel // 2] = float("nan")
+    avg[::17] = -grad[::17] * (1 - 0.9) / 0.9  # beta1*m + (1-beta1)*g near a tie
+    return tensors
+
+
+@needs_cc
+@settings(max_examples=25, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    numel=st.integers(1, 5000),
+    seed=st.integers(0, 2**16),
+    lr=st.sampled_from([1e-4, 0.01, 0.3]),
+    weight_decay=st.sampled_from([0.0, 0.1, 2.0]),
+    betas=st.sampled_from([(0.9, 0.99), (0.95, 0.98), (0.0, 0.5)]),
+    maximize=st.booleans(),
+    cautious=st.booleans(),
+)
+def test_the_native_kernel_is_the_eager_update_bit_for_bit(
+    dtype, numel, seed, lr, weight_decay, betas, maximize, cautious
+) -> None:
+    """Same order of operations, IEEE rounding, no contraction: the C kernel equals the eager one."""
+    from optiplug_lion.functional import LionHyper, _hyper_tensor, _lion_kernel
+    from optiplug_lion.native import native_kernel
+
+    param, grad, avg = _one_tensor_case(dtype, numel, seed)
+    hyper = LionHyper(lr, *betas, weight_decay, maximize, cautious)
+    packed = _hyper_tensor(hyper, param)
+    eager_param, eager_avg = param.clone(), avg.clone()
+    _lion_kernel(eager_param, grad, eager_avg, packed)
+    native_kernel(dtype)(param, grad, avg, packed)
+    torch.testing.assert_close(param, eager_param, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(avg, eager_avg, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_cc
+def test_the_native_kernel_splits_over_threads_without_changing_a_bit() -> None:
+    from optiplug_lion.functional import LionHyper, _hyper_tensor
+    from optiplug_lion.native import native_kernel
+
+    results = []
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        param, grad, avg = _one_tensor_case(torch.float32, 100_003, seed=5)
+        packed = _hyper_tensor(LionHyper(0.01, 0.9, 0.99, 0.1, False, True), param)
+        native_kernel(torch.float32)(param, grad, avg, packed)
+        results.append((param, avg))
+    for param, avg in results[1:]:  # elementwise: any split gives the same bits (NaN included)
+        torch.testing.assert_close(param, results[0][0], rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(avg, results[0][1], rtol=0, atol=0, equal_nan=True)
+
+
+@needs_cc
+def test_fused_on_a_cpu_runs_the_native_kernel_and_equals_the_formula() -> None:
+    from optiplug_lion import functional
+
+    params = make_params()
+    expected = lion_formula(
+        params, STEPS, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1, maximize=False
+    )
+    optimizer = Lion(params, lr=0.01, impl="fused", weight_decay=0.1)
+    run(optimizer, params, range(STEPS))
+    kernel = functional._kernels[("cpu", torch.float64)]
+    assert kernel is not None and kernel.__module__ == "optiplug_lion.native"
+    for got, want in zip(params, expected, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_without_native_kernels_fused_compiles_with_torch_and_equals_the_formula(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OPTIPLUG_NATIVE=0 (or no C compiler): the torch.compile kernel, same results."""
+    from optiplug_lion import functional
+
+    monkeypatch.setenv("OPTIPLUG_NATIVE", "0")
+    monkeypatch.setattr(functional, "_kernels", {})
+    monkeypatch.setattr(functional, "_verified", set())
+    params = make_params()
+    expected = lion_formula(params, 5, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1, maximize=True)
+    optimizer = Lion(params, lr=0.01, impl="fused", weight_decay=0.1, maximize=True)
+    run(optimizer, params, range(5))
+    kernel = functional._kernels[("cpu", torch.float64)]
+    assert kernel is not None and getattr(kernel, "__module__", "") != "optiplug_lion.native"
+    assert functional.kernel_status() == {("cpu", torch.float64): True}
+    for got, want in zip(params, expected, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-12)

@@ -70,6 +70,7 @@ EXPECTED_ERRORS = {
     "ImplementationError",
     "HyperparameterError",
     "ModelConfigError",
+    "NativeBuildError",
     "OptimizerUnavailableError",
     "OptiplugError",
     "PluginConflictError",

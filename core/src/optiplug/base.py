@@ -24,6 +24,9 @@ and :mod:`optiplug.testing`. This one holds the pieces that import torch:
 * :func:`validated_config`, :func:`named_param_groups`,
   :func:`parameter_tensors`, :func:`group_overrides`: the ``params`` and
   hyperparameter handling every optimizer repeats.
+* :func:`build_c_library` (:class:`NativeLibrary`): a small C kernel built
+  with the system's C compiler in about 0.1 s and kept per machine, for a
+  CPU kernel that should not wait seconds for ``torch.compile``.
 * :func:`warn_at_caller` / :func:`caller_stacklevel`: warnings that point at
   the user's line, not at optiplug or torch.
 
@@ -67,6 +70,7 @@ from ._core.params import (
 from ._core.routing import Routing
 from ._core.specs import ImplementationSpec
 from ._lazy import lazy
+from ._native import NativeLibrary, build_c_library
 from ._state.codec import (
     SECOND_MOMENTS,
     QuantizedState,
@@ -82,6 +86,7 @@ __all__ = [
     "GROUP_META_KEYS",
     "Kernel",
     "KernelTableOptimizer",
+    "NativeLibrary",
     "NamedParamGroup",
     "Prepared",
     "QuantizedState",
@@ -89,6 +94,7 @@ __all__ = [
     "TorchBackedOptimizer",
     "ValidatedLoading",
     "accepts_prepared",
+    "build_c_library",
     "caller_stacklevel",
     "cautious_weight_decay",
     "choose_implementation",
@@ -120,6 +126,8 @@ QuantizedState.__module__ = __name__  # checkpoints record the class by its publ
 convert_state.__module__ = __name__
 step_in_state_precision.__module__ = __name__
 accepts_prepared.__module__ = __name__
+NativeLibrary.__module__ = __name__
+build_c_library.__module__ = __name__
 
 
 class Kernel(Protocol):

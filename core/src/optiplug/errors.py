@@ -20,6 +20,7 @@ __all__ = [
     "HyperparameterError",
     "ImplementationError",
     "ModelConfigError",
+    "NativeBuildError",
     "OptimizerUnavailableError",
     "OptiplugError",
     "PluginConflictError",
@@ -268,6 +269,15 @@ class GraphError(OptiplugError, RuntimeError):
 
 class TuneError(OptiplugError, ValueError):
     """``AutoOptimizer.tune`` cannot measure: too few batches or steps, a bad loss, nothing tuned."""
+
+
+class NativeBuildError(OptiplugError, RuntimeError):
+    """A native (C) kernel could not be built or loaded here: no compiler, a failed build, or switched off.
+
+    Whoever asked for the kernel falls back to another implementation; the
+    message names the compiler, the flags and the compiler's first lines of
+    output.
+    """
 
 
 class EnvironmentVariableError(OptiplugError, ValueError):

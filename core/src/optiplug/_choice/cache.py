@@ -18,12 +18,10 @@ write at the same moment may lose one of their entries, never the file.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import math
 import os
-import platform
 import tempfile
 import threading
 import time
@@ -35,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .._core.env import env_flag
+from .._core.env import CACHE_DIRECTORY_VARIABLE, cache_directory, cpu_model, env_flag
 
 __all__ = [
     "CACHE_VARIABLE",
@@ -56,7 +54,7 @@ __all__ = [
 CACHE_VARIABLE = "OPTIPLUG_AUTOTUNE_CACHE"
 """Environment variable: a switch, on by default; off neither reads nor writes the file."""
 
-DIRECTORY_VARIABLE = "OPTIPLUG_CACHE_DIR"
+DIRECTORY_VARIABLE = CACHE_DIRECTORY_VARIABLE
 """Environment variable: the directory of the cache file (default: the XDG cache directory)."""
 
 FILE_NAME = "autotune.json"
@@ -78,12 +76,7 @@ def enabled() -> bool:
 
 def directory() -> Path:
     """``$OPTIPLUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``."""
-    own = os.environ.get(DIRECTORY_VARIABLE, "").strip()
-    if own:
-        return Path(own).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "optiplug"
+    return cache_directory()
 
 
 def path() -> Path:
@@ -122,18 +115,7 @@ def device_name(device: torch.device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
-    return _cpu_name()
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_name() -> str:
-    """``model name`` from ``/proc/cpuinfo``, else :func:`platform.processor`, else the machine."""
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "model name" and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine() or "unknown"
+    return cpu_model()
 
 
 def key_fields(

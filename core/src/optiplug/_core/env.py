@@ -10,17 +10,31 @@ never silently ignored.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import platform
+from pathlib import Path
 
 from ..errors import EnvironmentVariableError
 
-__all__ = ["FALSE_WORDS", "TRUE_WORDS", "env_flag"]
+__all__ = [
+    "CACHE_DIRECTORY_VARIABLE",
+    "FALSE_WORDS",
+    "TRUE_WORDS",
+    "cache_directory",
+    "cpu_model",
+    "env_flag",
+]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 """Values that switch a boolean variable on (compared lowercased and stripped)."""
 
 FALSE_WORDS = ("0", "false", "no", "off")
 """Values that switch a boolean variable off (compared lowercased and stripped)."""
+
+CACHE_DIRECTORY_VARIABLE = "OPTIPLUG_CACHE_DIR"
+"""Environment variable: the directory of optiplug's per-machine files (measured choices, built kernels)."""
 
 _ACCEPTED = f"one of {', '.join(TRUE_WORDS + FALSE_WORDS)} (any case), or unset"
 
@@ -48,3 +62,36 @@ def env_flag(name: str, *, default: bool) -> bool:
     if word in FALSE_WORDS:
         return False
     raise EnvironmentVariableError(name, raw, _ACCEPTED)
+
+
+def cache_directory() -> Path:
+    """``$OPTIPLUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``.
+
+    Returns:
+        The directory of optiplug's per-machine files (it may not exist yet).
+
+    Raises:
+        RuntimeError: no variable is set and the home directory cannot be found.
+    """
+    own = os.environ.get(CACHE_DIRECTORY_VARIABLE, "").strip()
+    if own:
+        return Path(own).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "optiplug"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """``model name`` from ``/proc/cpuinfo``, else :func:`platform.processor`, else the machine.
+
+    Returns:
+        E.g. ``"AMD EPYC 7B13"``; what a kernel built for this CPU, or a
+        choice measured on it, is keyed by.
+    """
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"

@@ -42,6 +42,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import HyperparameterError
+from .native_codec import NativeCodec, native_codec
 from .precision import BLOCK_SIZES, CODE_BITS
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "MIN_QUANTIZED_NUMEL",
     "QuantizedState",
     "SECOND_MOMENTS",
+    "code_tables",
     "convert_state",
     "dynamic_table",
     "in_precision",
@@ -127,28 +129,48 @@ def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
     return flat.view(-1, block)
 
 
-def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
-    """The code of the nearest table value to each value in [-1, 1] (int32), computed.
+GUESS_BUCKETS = (0x3F800000 >> 16) + 1
+"""Buckets of :func:`code_tables`: a float32 magnitude in [0, 1] by its top 16 bits
+(exponent and 7 mantissa bits), so no bucket holds two of a table's midpoints."""
 
-    The decade is ``ceil(-log10|x|) - 1`` (clamped to the table's), the
-    position in it the rounded linear fraction; a fraction that rounds below
-    the decade's first value takes the next decade down's last (the index
-    just before), the nearer one; in the lowest decade the midpoint of its
-    two values decides. Elementwise arithmetic only, several times faster on
-    a CPU than a binary search over the table.
+
+@functools.cache
+def code_tables(bits: int, signed: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lookup tables of the nearest code: ``(midpoints, guesses)``.
+
+    ``midpoints`` are the float32 midpoints between consecutive magnitudes of
+    the table (signed: of its non-negative half), with ``inf`` appended;
+    ``guesses[b]`` (uint8) is the number of midpoints at or below the lowest
+    float32 of bucket ``b`` (the magnitude's bits shifted right by 16). Each
+    bucket holds at most one midpoint, so a magnitude's index in the table is
+    ``g + (m >= midpoints[g])`` with ``g = guesses[bucket]``: exactly the
+    count of midpoints at or below it (the nearest magnitude, a tie going up).
     """
-    k = bits - 1 if signed else bits
-    magnitude = normalized.abs()
-    decade = torch.clamp(torch.ceil(-torch.log10(magnitude)) - 1, 0, k - 1)
-    steps = torch.exp2((k - 1) - decade)
-    position = torch.round((magnitude * torch.pow(10.0, decade) - 0.1) * (steps / 0.9))
-    index = torch.minimum(torch.clamp(steps + position - 1, min=0), 2 * steps - 1)
-    lowest = _magnitudes(bits, signed, zero=signed)[:2]
-    index = torch.where(decade == k - 1, (magnitude >= (lowest[0] + lowest[1]) / 2).float(), index)
+    magnitudes = torch.tensor(_magnitudes(bits, signed, zero=signed), dtype=torch.float32)
+    midpoints = (magnitudes[1:] + magnitudes[:-1]) / 2
+    lowest = (torch.arange(GUESS_BUCKETS, dtype=torch.int32) << 16).view(torch.float32)
+    guesses = torch.searchsorted(midpoints, lowest, right=True).to(torch.uint8)
+    midpoints = torch.cat([midpoints, torch.tensor([float("inf")])])
+    return midpoints.to(device), guesses.to(device)
+
+
+def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
+    """The code of the nearest table value to each value in [-1, 1] (int32).
+
+    The magnitude's index is the number of the table's midpoints at or below
+    it, read from :func:`code_tables` with one lookup and one comparison (a
+    tie goes to the larger magnitude); a negative value takes the mirrored
+    code. The C loops of :mod:`.native_codec` compute the same, bit for bit.
+    """
+    magnitude = normalized.abs().contiguous()
+    midpoints, guesses = code_tables(bits, signed, magnitude.device)
+    bucket = (magnitude.view(torch.int32) >> 16).clamp_(0, GUESS_BUCKETS - 1)
+    index = guesses[bucket.long()].long()
+    index += magnitude >= midpoints[index]
     index = index.to(torch.int32)
     if not signed:
         return index
-    half = 1 << k  # sorted: the negatives, 0 twice, the positives
+    half = 1 << (bits - 1)  # sorted: the negatives, 0 twice, the positives
     return torch.where(normalized < 0, (half - 1) - index, half + index)
 
 
@@ -156,7 +178,22 @@ def _encode_blocks(
     value: torch.Tensor, bits: int, signed: bool, block: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes (uint8; int4 packed two per byte) and per-block absolute maxima of ``value``."""
-    blocks = _blocks(value.detach().reshape(-1).float(), block)
+    flat = value.detach().reshape(-1).float().contiguous()
+    codec = _native_for(flat)
+    if codec is None:
+        return _encode_blocks_torch(flat, bits, signed, block)
+    blocks = -(-flat.numel() // block)
+    codes = torch.empty(blocks * block * bits // 8, dtype=torch.uint8)
+    scales = torch.empty(blocks, dtype=torch.float32)
+    codec.encode(flat, bits, signed, block, code_tables(bits, signed, flat.device), (codes, scales))
+    return codes, scales
+
+
+def _encode_blocks_torch(
+    flat: torch.Tensor, bits: int, signed: bool, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_encode_blocks` in torch ops (any device)."""
+    blocks = _blocks(flat, block)
     scales = blocks.abs().amax(dim=1)
     divisors = scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
@@ -164,21 +201,34 @@ def _encode_blocks(
     for start in range(0, blocks.shape[0], rows):
         part = slice(start, start + rows)
         codes[part] = _codes(blocks[part] / divisors[part], bits, signed)
-    flat = codes.reshape(-1)
+    flat_codes = codes.reshape(-1)
     if bits == 4:
-        flat = flat[0::2] | (flat[1::2] << 4)
-    return flat, scales
+        flat_codes = flat_codes[0::2] | (flat_codes[1::2] << 4)
+    return flat_codes, scales
 
 
 def _decode_blocks(
     codes: torch.Tensor, scales: torch.Tensor, bits: int, signed: bool, numel: int
 ) -> torch.Tensor:
     """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements)."""
+    values, _ = _table(bits, signed, codes.device)
+    codec = _native_for(codes)
+    if codec is not None and codes.is_contiguous() and scales.is_contiguous():
+        out = torch.empty(numel, dtype=torch.float32)
+        block = BLOCK_SIZES["int8" if bits == 8 else "int4"]
+        codec.decode(codes, scales, bits, block, values, out)
+        return out
     if bits == 4:
         codes = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1)
-    values, _ = _table(bits, signed, codes.device)
     decoded = values[codes.int()].view(scales.numel(), -1) * scales.unsqueeze(1)
     return decoded.reshape(-1)[:numel]
+
+
+def _native_for(tensor: torch.Tensor) -> NativeCodec | None:
+    """The C codec when ``tensor`` is on a CPU (and the codec builds), else None."""
+    if tensor.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    return native_codec()
 
 
 def _stochastic_bf16(value: torch.Tensor, seed: int) -> torch.Tensor:

@@ -11,7 +11,11 @@ OPTIPLUG_API = 1
 _TARGET = "optiplug_lion.optimizer:Lion"
 
 IMPLEMENTATIONS: dict[str, tuple[int, str]] = {
-    "fused": (2, "one torch.compile'd kernel per tensor (20 bytes/param); falls back to foreach"),
+    "fused": (
+        2,
+        "one fused kernel per tensor (20 bytes/param): C on CPU, torch.compile elsewhere; "
+        "falls back to foreach",
+    ),
     "foreach": (1, "torch._foreach_* ops over all tensors"),
     "loop": (0, "per-tensor torch ops"),
 }

@@ -1,0 +1,191 @@
+"""Small C kernels built at run time with the system's C compiler, kept per machine.
+
+``torch.compile`` on a CPU also generates C++ and builds it with the system
+compiler, but its first build in a process costs 6-20 s on two cores
+(importing dynamo and inductor takes about 2.5 s, and its code is built
+against ATen's headers). A page of plain C loops builds in about 0.1 s, so
+an optimizer that would otherwise wait seconds for its compiled kernel can
+have an equally fast one almost at once.
+
+:func:`build_c_library` builds a C source into a shared library and loads
+it with :mod:`ctypes` (whose calls release the GIL). The library is kept in
+``kernels/`` under optiplug's cache directory (``$OPTIPLUG_CACHE_DIR``, else
+``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``), named by a
+digest of the source, the compiler's identity, the flags and the CPU model,
+so a later process loads it without building, and a machine with another
+CPU or compiler builds its own. It is written to a temporary file and
+renamed, so processes building at once never see half a file. When the
+directory cannot be written, the library is built in a temporary directory.
+
+The flags keep IEEE arithmetic (no ``-ffast-math``, no contraction into
+fused multiply-adds, so results round as torch's eager ops do) and try, in
+order: ``-march=native -fopenmp``, then without OpenMP (a compiler without
+it), then without ``-march=native``. The compiler is ``$CC``, else the first
+of ``cc``, ``gcc``, ``clang`` found. ``OPTIPLUG_NATIVE=0`` (or ``false``,
+``no``, ``off``) switches native kernels off.
+
+Importing this module imports neither torch nor a compiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from ._core.env import cache_directory, cpu_model, env_flag
+from .errors import NativeBuildError
+
+__all__ = ["FLAG_SETS", "NATIVE_VARIABLE", "NativeLibrary", "build_c_library"]
+
+NATIVE_VARIABLE = "OPTIPLUG_NATIVE"
+"""Environment variable: a switch, on by default; off, no native kernel is built or loaded."""
+
+_COMMON_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off")
+
+FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    (*_COMMON_FLAGS, "-march=native", "-fopenmp"),
+    (*_COMMON_FLAGS, "-march=native"),
+    _COMMON_FLAGS,
+)
+"""The compiler flags tried, in order, until one set builds."""
+
+_BUILD_SECONDS = 120.0
+"""How long one build may take before it counts as failed."""
+
+
+@attrs.frozen(eq=False)
+class NativeLibrary:
+    """A built and loaded C library.
+
+    Attributes:
+        name: the name it was asked for under (part of the file name).
+        path: the shared library's file.
+        flags: the compiler flags it was built with.
+        library: the loaded library; set each function's ``argtypes`` and
+            ``restype`` before calling it.
+    """
+
+    name: str
+    path: Path
+    flags: tuple[str, ...]
+    library: ctypes.CDLL = attrs.field(repr=False)
+
+    @property
+    def openmp(self) -> bool:
+        """Whether it was built with OpenMP (its ``#pragma omp`` loops run in parallel)."""
+        return "-fopenmp" in self.flags
+
+
+def build_c_library(source: str, *, name: str) -> NativeLibrary:
+    """Build C ``source`` into a shared library (or find it built) and load it.
+
+    Args:
+        source: a complete C11 translation unit exporting the functions.
+        name: a short name for the file, letters, digits, ``-`` and ``_``.
+
+    Returns:
+        The loaded library and how it was built.
+
+    Raises:
+        NativeBuildError: native kernels are switched off, no C compiler is
+            found, or no flag set builds and loads ``source``.
+        ValueError: ``name`` holds other characters.
+    """
+    if not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+        raise ValueError(f"name {name!r} must be letters, digits, '-' and '_'")
+    if not env_flag(NATIVE_VARIABLE, default=True):
+        raise NativeBuildError(f"native kernels are switched off ({NATIVE_VARIABLE}=0)")
+    compiler = _compiler(os.environ.get("CC", "").strip())
+    failures = []
+    for flags in FLAG_SETS:
+        target = _library_path(source, name, compiler, flags)
+        try:
+            return NativeLibrary(
+                name, target, flags, _load_or_build(source, compiler, flags, target)
+            )
+        except NativeBuildError as error:
+            failures.append(str(error))
+    raise NativeBuildError(f"could not build {name!r} with {compiler[0]}: " + "; ".join(failures))
+
+
+@functools.cache
+def _compiler(wanted: str) -> tuple[str, str]:
+    """``(executable, first line of its --version)``: ``wanted`` (``$CC``), else ``cc``, ``gcc``, ``clang``."""
+    candidates = [wanted] if wanted else ["cc", "gcc", "clang"]
+    found = next((path for path in map(shutil.which, candidates) if path), None)
+    if found is None:
+        raise NativeBuildError(f"no C compiler found (tried {', '.join(candidates)}; set CC)")
+    try:
+        run = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise NativeBuildError(f"the C compiler {found} does not run: {error}") from error
+    return found, (run.stdout.splitlines() or [""])[0]
+
+
+def _library_path(
+    source: str, name: str, compiler: tuple[str, str], flags: tuple[str, ...]
+) -> Path:
+    """Where the library built from these inputs is kept."""
+    identity = "\0".join([source, *compiler, *flags, platform.machine(), cpu_model()])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:20]
+    suffix = ".dll" if os.name == "nt" else ".so"
+    return _kernel_directory() / f"{name}-{digest}{suffix}"
+
+
+def _kernel_directory() -> Path:
+    """``kernels/`` in the cache directory, or a temporary directory when that cannot be written."""
+    with contextlib.suppress(OSError, RuntimeError, KeyError):
+        directory = cache_directory() / "kernels"
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.access(directory, os.W_OK):
+            return directory
+    return Path(tempfile.mkdtemp(prefix="optiplug-kernels-"))
+
+
+def _load_or_build(
+    source: str, compiler: tuple[str, str], flags: tuple[str, ...], target: Path
+) -> ctypes.CDLL:
+    """Load ``target``, building it first when it is missing or cannot be loaded."""
+    if target.exists():
+        with contextlib.suppress(OSError):  # a damaged file: built again below
+            return ctypes.CDLL(str(target))
+    _build(source, compiler[0], flags, target)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as error:
+        raise NativeBuildError(f"built {target.name} but could not load it: {error}") from error
+
+
+def _build(source: str, compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    """Compile ``source`` into ``target`` through a temporary file beside it."""
+    with tempfile.TemporaryDirectory(prefix="optiplug-build-") as work:
+        source_file = Path(work) / "kernel.c"
+        source_file.write_text(source, encoding="utf-8")
+        handle, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        os.close(handle)
+        command = [compiler, *flags, "-o", partial, str(source_file)]
+        try:
+            run = subprocess.run(
+                command, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False
+            )
+            if run.returncode != 0:
+                said = " ".join((run.stderr or run.stdout).strip().splitlines()[:3])
+                raise NativeBuildError(f"flags {' '.join(flags)}: {said or 'failed'}")
+            os.replace(partial, target)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise NativeBuildError(f"flags {' '.join(flags)}: {error}") from error
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)

@@ -1,0 +1,120 @@
+"""optiplug.base.build_c_library: C kernels built with the system's compiler, kept per machine."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optiplug.base import NativeLibrary, build_c_library
+from optiplug.errors import EnvironmentVariableError, NativeBuildError
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("clang") is None,
+    reason="no C compiler on this machine",
+)
+
+SOURCE = r"""
+#include <stdint.h>
+int64_t add(int64_t a, int64_t b) { return a + b; }
+void scale(double *x, int64_t n, double by) {
+  #pragma omp parallel for
+  for (int64_t i = 0; i < n; i++) x[i] *= by;
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("OPTIPLUG_NATIVE", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    return tmp_path / "cache" / "kernels"
+
+
+def test_builds_loads_and_calls(own_cache) -> None:
+    built = build_c_library(SOURCE, name="adder")
+    assert isinstance(built, NativeLibrary)
+    add = built.library.add
+    add.argtypes, add.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
+    assert add(2**40, 3) == 2**40 + 3
+    assert built.path.parent == own_cache and built.path.name.startswith("adder-")
+    values = (ctypes.c_double * 5)(1, 2, 3, 4, 5)
+    built.library.scale.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+    built.library.scale(ctypes.addressof(values), 5, 2.5)
+    assert list(values) == [2.5, 5.0, 7.5, 10.0, 12.5]
+    assert "-ffast-math" not in built.flags and "-ffp-contract=off" in built.flags
+    assert built.openmp == ("-fopenmp" in built.flags)
+
+
+def test_a_later_call_loads_the_kept_library_without_building(own_cache) -> None:
+    first = build_c_library(SOURCE, name="adder")
+    stamp = first.path.stat().st_mtime_ns
+    again = build_c_library(SOURCE, name="adder")
+    assert again.path == first.path and again.path.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in own_cache.iterdir()) == [first.path.name]  # no leftovers
+
+
+def test_another_source_is_kept_apart(own_cache) -> None:
+    one = build_c_library(SOURCE, name="adder")
+    other = build_c_library(SOURCE.replace("a + b", "a - b"), name="adder")
+    assert one.path != other.path
+    other.library.add.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    other.library.add.restype = ctypes.c_int64
+    assert other.library.add(5, 3) == 2
+
+
+def test_a_damaged_kept_file_is_built_again(own_cache) -> None:
+    # built in another process: a library loaded here must never be overwritten (it is mapped)
+    source = SOURCE.replace("a + b", "b + a")
+    script = f"from optiplug.base import build_c_library; print(build_c_library({source!r}, name='kept').path)"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    kept = Path(done.stdout.strip())
+    kept.unlink()
+    kept.write_bytes(b"not a shared library")
+    again = build_c_library(source, name="kept")
+    assert again.path == kept and kept.stat().st_size > 100
+    again.library.add.restype = ctypes.c_int64
+    assert again.library.add(ctypes.c_int64(1), ctypes.c_int64(2)) == 3
+
+
+def test_an_unwritable_cache_directory_builds_in_a_temporary_one(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(blocker))  # kernels/ cannot be made under a file
+    built = build_c_library(SOURCE, name="adder")
+    assert not built.path.is_relative_to(blocker) and built.path.exists()
+
+
+def test_switched_off_is_a_typed_error_naming_the_variable(monkeypatch) -> None:
+    monkeypatch.setenv("OPTIPLUG_NATIVE", "off")
+    with pytest.raises(NativeBuildError, match="OPTIPLUG_NATIVE"):
+        build_c_library(SOURCE, name="adder")
+    monkeypatch.setenv("OPTIPLUG_NATIVE", "perhaps")
+    with pytest.raises(EnvironmentVariableError, match="OPTIPLUG_NATIVE"):
+        build_c_library(SOURCE, name="adder")
+
+
+def test_a_missing_compiler_is_named(monkeypatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(NativeBuildError, match="/nonexistent/cc"):
+        build_c_library(SOURCE, name="adder")
+
+
+def test_a_source_that_does_not_build_says_what_the_compiler_said(own_cache) -> None:
+    with pytest.raises(NativeBuildError, match=r"could not build 'broken'.*error") as caught:
+        build_c_library("int broken( {", name="broken")
+    assert isinstance(caught.value, RuntimeError)
+    assert not any(own_cache.glob("*broken*"))  # no partial file left behind
+
+
+@pytest.mark.parametrize("name", ["", "a b", "../up", "x/y"])
+def test_a_bad_name_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="name"):
+        build_c_library(SOURCE, name=name)
