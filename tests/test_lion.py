@@ -384,9 +384,9 @@ def _one_tensor_case(dtype: torch.dtype, numel: int, seed: int) -> list[torch.Te
 
 
 @needs_cc
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
-    dtype=st.sampled_from([torch.float32, torch.float64]),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
     numel=st.integers(1, 5000),
     seed=st.integers(0, 2**16),
     lr=st.sampled_from([1e-4, 0.01, 0.3]),

@@ -9,13 +9,11 @@ plugins, and explain missing names.
 
 from __future__ import annotations
 
-import contextvars
 import importlib.metadata
 import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
@@ -29,14 +27,33 @@ from ..errors import (
     PluginWarning,
     UnknownOptimizerError,
     UnknownScheduleError,
-    closest_name,
 )
 from . import builtin as _builtin
 from .binding import new_chooser, provided_default
 from .build import build_schedule
 from .create import OptimizerFactory, create_optimizer, validated_hparams
+from .discovery import ENTRY_POINT_GROUP, distribution_entry_points, entry_points
 from .env import env_flag
-from .hooks import HOOK_NAMES, PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
+from .hookcalls import (
+    CALLED_HOOKS,
+    UnknownHooks,
+    failure_text,
+    guarded,
+    outcomes_of,
+    typed_records,
+    unknown_hooks,
+)
+from .hooks import PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
+from .naming import (
+    QUALIFIER,
+    Named,
+    loosely_named,
+    native_or_conflict,
+    provider_names,
+    provides,
+    qualified_name,
+    split_qualified,
+)
 from .selection import Selection, select
 from .specs import (
     Candidate,
@@ -65,10 +82,7 @@ __all__ = [
     "split_qualified",
 ]
 
-ENTRY_POINT_GROUP = "optiplug.plugins"
 _Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
-_Named = TypeVar("_Named", OptimizerSpec, ScheduleSpec)
-"""Records looked up by name or alias."""
 
 
 class _Incompatible(Exception):
@@ -220,7 +234,7 @@ class Registry:
             )
         if isinstance(error, _Incompatible):
             return attrs.evolve(base, status="incompatible", error=str(error))
-        text = _failure_text(error, "loading")
+        text = failure_text(error, "loading")
         if isinstance(error, KeyboardInterrupt):
             self._record(attrs.evolve(base, status="failed", error=text), error)
             raise KeyboardInterrupt(
@@ -252,9 +266,9 @@ class Registry:
     def _collect(self, name: str, plugin: object, provider: ProviderInfo) -> _Contributions:
         if self._manager.get_plugin(name) is not None:
             raise ValueError(f"a plugin named {name!r} is already registered")
-        unknown = _unknown_hooks(plugin)
+        unknown = unknown_hooks(plugin)
         if unknown:
-            raise _UnknownHooks(unknown)
+            raise UnknownHooks(unknown)
         self._manager.register(plugin, name=name)
         try:
             self._manager.check_pending()
@@ -305,11 +319,11 @@ class Registry:
         :meth:`call_each` and returns None on failure, which pluggy leaves
         out of the results, so one broken plugin cannot stop the others.
         """
-        for hook_name in _CALLED_HOOKS:
+        for hook_name in CALLED_HOOKS:
             for impl in self._hookimpls(name, hook_name):
                 if not (impl.wrapper or impl.hookwrapper):
                     # pluggy calls HookImpl.function; it is declared Final, not read-only.
-                    impl.function = _guarded(impl.function, name, hook_name)  # type: ignore[misc]
+                    impl.function = guarded(impl.function, name, hook_name)  # type: ignore[misc]
 
     def _commit(self, contributions: _Contributions) -> None:
         for spec in contributions.optimizers:
@@ -333,7 +347,7 @@ class Registry:
         """
         with self._lock:
             if self._pending_discovery:
-                for entry_point in _entry_points():
+                for entry_point in entry_points():
                     self._load_entry_point(entry_point)
                 self._pending_discovery = False
             self._raise_if_strict(self._plugins)
@@ -356,7 +370,7 @@ class Registry:
             PluginError: in strict mode, when one of them fails or is incompatible.
         """
         with self._lock:
-            for entry_point in _distribution_entry_points(name):
+            for entry_point in distribution_entry_points(name):
                 self._load_entry_point(entry_point)
             loaded = [i for i in self._plugins.values() if i.distribution == name]
             self._raise_if_strict(info.name for info in loaded)
@@ -578,16 +592,16 @@ class Registry:
             return False
         owner = spec.provider.plugin if spec.provider is not None else None
         if qualifier is not None:
-            return qualifier in _provider_names(spec)
+            return qualifier in provider_names(spec)
         own = impl.provider.plugin if impl.provider is not None else None
         if own is not None and any(
-            _provider_names(other) & {own} for other in self._optimizers.get(name, ())
+            provider_names(other) & {own} for other in self._optimizers.get(name, ())
         ):
             return own == owner
         if len(self._optimizers.get(name, ())) < 2:
             return True
         try:
-            return _native_or_conflict(name, self._optimizers[name]) is spec
+            return native_or_conflict(name, self._optimizers[name]) is spec
         except PluginConflictError:
             return False
 
@@ -619,24 +633,24 @@ class Registry:
 
     def _resolve(
         self,
-        table: Mapping[str, list[_Named]],
+        table: Mapping[str, list[Named]],
         name: str,
         provider: str | None,
         unknown: type[UnknownOptimizerError],
-    ) -> _Named:
+    ) -> Named:
         qualifier, name = split_qualified(name)
         entries = list(table.get(name, ()))
         if not entries:
             entries = [rec for recs in table.values() for rec in recs if name in rec.aliases]
         if not entries:
-            entries = _loosely_named(table, name)
+            entries = loosely_named(table, name)
         for wanted in (provider, qualifier):
             if wanted is not None:
-                entries = [rec for rec in entries if wanted in _provider_names(rec)]
+                entries = [rec for rec in entries if wanted in provider_names(rec)]
         if not entries:
             raise self._missing(name, sorted(table), unknown, provider or qualifier)
         if len(entries) > 1:
-            return _native_or_conflict(name, entries)
+            return native_or_conflict(name, entries)
         return entries[0]
 
     def name_of(self, spec: OptimizerSpec) -> str:
@@ -653,7 +667,7 @@ class Registry:
         if len(specs) < 2:
             return spec.name
         try:
-            winner = _native_or_conflict(spec.name, specs)
+            winner = native_or_conflict(spec.name, specs)
         except PluginConflictError:
             return qualified_name(spec)
         return spec.name if winner == spec else qualified_name(spec)
@@ -685,7 +699,7 @@ class Registry:
         provider: str | None,
     ) -> Exception:
         for info in self._plugins.values():
-            if info.status != "active" and (name == info.name or _provides(info, name)):
+            if info.status != "active" and (name == info.name or provides(info, name)):
                 error = OptimizerUnavailableError(
                     f"{name!r} is provided by plugin {info.name!r} ({info.distribution} "
                     f"{info.version}), which is {info.status}: {info.error}"
@@ -730,26 +744,7 @@ class Registry:
         """
         self._discover()
         hook = getattr(self._manager.hook, hook_name)
-        impls: list[pluggy.HookImpl] = hook.get_hookimpls()
-        outcomes: list[_Outcome] = []
-        token = _OUTCOMES.set(outcomes)
-        try:
-            results: list[object] | None = hook(**kwargs)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:  # only a wrapper can raise: the others are guarded
-            culprit = _culprit(impls, error.__traceback__)
-            if culprit is None:
-                raise
-            results = None
-            outcomes.append((culprit, None, error))
-            if len(outcomes) == 1:  # it failed before the implementations ran
-                for impl in reversed(impls):
-                    if not (impl.wrapper or impl.hookwrapper):
-                        impl.function(*(kwargs[arg] for arg in impl.argnames))
-        finally:
-            _OUTCOMES.reset(token)
-        for plugin_name, result, failure in _kept(outcomes, results, _outermost_wrapper(impls)):
+        for plugin_name, result, failure in outcomes_of(hook, kwargs):
             yield self._plugins[plugin_name], result, failure
 
     def candidates(self, request: SelectionRequest) -> list[tuple[Candidate, PluginInfo]]:
@@ -772,7 +767,7 @@ class Registry:
         for info, result, error in self.call_each("optiplug_select_optimizer", request=request):
             if info.status != "active":
                 continue  # its rule failed before
-            proposed = _typed_records(result, Candidate) if error is None else error
+            proposed = typed_records(result, Candidate) if error is None else error
             if isinstance(proposed, BaseException):
                 self._rule_failed(info, proposed)
                 continue
@@ -782,7 +777,7 @@ class Registry:
 
     def _rule_failed(self, info: PluginInfo, error: BaseException) -> None:
         """Mark ``info``'s plugin failed because its selection rule did; warn or raise."""
-        text = f"selection rule failed: {_failure_text(error, 'selecting')}"
+        text = f"selection rule failed: {failure_text(error, 'selecting')}"
         with self._lock:
             self._record(attrs.evolve(info, status="failed", error=text), error)
         warnings.warn(
@@ -808,98 +803,16 @@ class Registry:
             "optiplug_validate_state_dict", spec=spec, optimizer=optimizer, state_dict=state_dict
         )
         for info, result, error in calls:
-            found = _typed_records(result, Problem) if error is None else error
+            found = typed_records(result, Problem) if error is None else error
             if isinstance(found, BaseException):
                 expected = "an iterable of optiplug.Problem, and no error"
-                text = _failure_text(found, "validating")
+                text = failure_text(found, "validating")
                 problems.append(
                     Problem(kind="validator-error", slot=info.name, expected=expected, found=text)
                 )
             else:
                 problems.extend(found)
         return problems
-
-
-_CALLED_HOOKS = ("optiplug_select_optimizer", "optiplug_validate_state_dict")
-"""Hooks :meth:`Registry.call_each` calls; the others are asked once, when a plugin loads."""
-
-_Outcome = tuple[str, Any, "BaseException | None"]
-"""``(plugin name, result or None, exception or None)`` of one hook implementation."""
-
-_OUTCOMES: contextvars.ContextVar[list[_Outcome] | None] = contextvars.ContextVar(
-    "optiplug_hook_outcomes", default=None
-)
-"""Where guarded implementations report during :meth:`Registry.call_each`."""
-
-
-def _guarded(function: Callable[..., object], plugin: str, hook_name: str) -> Callable[..., object]:
-    """``function``, reporting its result or exception to the running :meth:`Registry.call_each`.
-
-    Outside a ``call_each`` (no report list) it behaves as ``function``.
-    """
-
-    def guarded(*args: object) -> object:
-        outcomes = _OUTCOMES.get()
-        try:
-            result = function(*args)
-        except KeyboardInterrupt as error:
-            where = f"{hook_name} of optiplug plugin {plugin!r}"
-            raise KeyboardInterrupt(f"interrupted in {where}") from error
-        except BaseException as error:  # a hook may even sys.exit()
-            if outcomes is None:
-                raise
-            outcomes.append((plugin, None, error))
-            return None
-        if outcomes is not None:
-            outcomes.append((plugin, result, None))
-        return result
-
-    return guarded
-
-
-def _wrappers(impls: Sequence[pluggy.HookImpl]) -> list[pluggy.HookImpl]:
-    return [impl for impl in impls if impl.wrapper or impl.hookwrapper]
-
-
-def _outermost_wrapper(impls: Sequence[pluggy.HookImpl]) -> str | None:
-    """The plugin of the wrapper pluggy calls first (the last in its list), or None."""
-    wrappers = _wrappers(impls)
-    return wrappers[-1].plugin_name if wrappers else None
-
-
-def _culprit(impls: Sequence[pluggy.HookImpl], trace: TracebackType | None) -> str | None:
-    """The plugin of the wrapper that raised: the innermost wrapper frame in ``trace``.
-
-    None when no wrapper is registered (pluggy itself raised).
-    """
-    codes = {
-        getattr(impl.function, "__code__", None): impl.plugin_name for impl in _wrappers(impls)
-    }
-    found = None
-    while trace is not None:
-        found = codes.get(trace.tb_frame.f_code, found)
-        trace = trace.tb_next
-    return found or _outermost_wrapper(impls)
-
-
-def _kept(
-    outcomes: list[_Outcome], results: list[object] | None, wrapper: str | None
-) -> list[_Outcome]:
-    """The implementations' outcomes, as far as the wrappers kept their results.
-
-    A result the wrappers dropped counts as None; one they added or replaced
-    (not identical to any implementation's) is reported as ``wrapper``'s.
-    """
-    if results is None:
-        return outcomes
-    kept = {id(result) for result in results}
-    answered = {id(result) for _, result, _ in outcomes}
-    reported = [
-        (plugin, result if id(result) in kept else None, error)
-        for plugin, result, error in outcomes
-    ]
-    added = [r for r in results if id(r) not in answered]
-    return reported + [(wrapper, r, None) for r in added if wrapper is not None]
 
 
 def bound_registry(registry: Registry | None) -> Registry:
@@ -922,181 +835,6 @@ def bound_registry(registry: Registry | None) -> Registry:
     return default
 
 
-def folded_name(name: str) -> str:
-    """``name`` as lookups compare it loosely: lower case, without ``_``, ``-``, spaces or dots.
-
-    ``"AdamW"``, ``"adam_w"`` and ``"Adam-W"`` all fold to ``"adamw"``.
-    """
-    return "".join(char for char in name.lower() if char.isalnum())
-
-
-def _loosely_named(table: Mapping[str, list[_Named]], name: str) -> list[_Named]:
-    """The records whose name or an alias folds like ``name`` (:func:`folded_name`).
-
-    Exact names and aliases are tried first (by the caller); this runs only
-    when neither matched. When several names fold alike, the records of the
-    one that is a canonical name win; if it is still ambiguous, nothing matches.
-    """
-    folded = folded_name(name)
-    if not folded:
-        return []
-    canonical = [n for n in table if folded_name(n) == folded]
-    if len(canonical) == 1:
-        return list(table[canonical[0]])
-    if canonical:
-        return []
-    by_alias = {
-        rec.name: rec
-        for recs in table.values()
-        for rec in recs
-        if any(folded_name(alias) == folded for alias in rec.aliases)
-    }
-    if len(by_alias) == 1:
-        return list(table[next(iter(by_alias))])
-    return []
-
-
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    seen: set[tuple[str, str, str]] = set()
-    unique = []
-    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = entry_point.dist.name if entry_point.dist is not None else ""
-        key = (entry_point.name, entry_point.value, dist)
-        if key not in seen:
-            seen.add(key)
-            unique.append(entry_point)
-    return sorted(unique, key=lambda ep: (ep.name, ep.value))
-
-
-def _distribution_entry_points(name: str) -> list[importlib.metadata.EntryPoint]:
-    """The entry points of the group that distribution ``name`` declares, sorted."""
-    try:
-        declared = importlib.metadata.distribution(name).entry_points
-    except importlib.metadata.PackageNotFoundError:
-        return []
-    return sorted(declared.select(group=ENTRY_POINT_GROUP), key=lambda ep: (ep.name, ep.value))
-
-
-_Typed = TypeVar("_Typed", Candidate, Problem)
-
-
-def _typed_records(result: object, kind: type[_Typed]) -> list[_Typed] | BaseException:
-    """``result`` as a list of ``kind`` records, else the error describing what it was.
-
-    None is no records. A string, a mapping, anything not iterable, or an
-    iterable holding anything but ``kind`` (or raising while iterated) is an error.
-    """
-    expected = f"expected an iterable of {kind.__name__}"
-    if result is None:
-        return []
-    if isinstance(result, (str, bytes, Mapping)) or not isinstance(result, Iterable):
-        return TypeError(f"returned {_shown(result)}, {expected}")
-    try:
-        items = list(result)
-    except Exception as error:
-        return error
-    for item in items:
-        if not isinstance(item, kind):
-            return TypeError(f"returned {type(result).__name__} holding {_shown(item)}, {expected}")
-    return items
-
-
-def _shown(value: object) -> str:
-    """``str 'adamw'``: a value's type and a short repr, for error messages."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def _failure_text(error: BaseException, doing: str) -> str:
-    """``"ValueError: why"`` for an exception, ``"SystemExit(3) raised while loading"`` otherwise."""
-    if isinstance(error, Exception):
-        return f"{type(error).__name__}: {error}"
-    return f"{error!r} raised while {doing}"
-
-
 def _implementation_key(impl: ImplementationSpec) -> tuple[str, str, str]:
     """``(algorithm, name, plugin)``, as the chooser's ``implementation_failures`` keys it."""
     return (impl.algorithm, impl.name, impl.provider.plugin if impl.provider else "")
-
-
-QUALIFIER = ":"
-"""Separates a provider from a name: ``"heavyball:soap"`` is ``soap`` from plugin ``heavyball``."""
-
-
-def split_qualified(name: str) -> tuple[str | None, str]:
-    """``("heavyball", "soap")`` for ``"heavyball:soap"``; ``(None, name)`` for a plain name.
-
-    Args:
-        name: a plain or qualified name.
-
-    Returns:
-        ``(provider or None, plain name)``.
-    """
-    provider, separator, plain = name.partition(QUALIFIER)
-    return (provider.strip() or None, plain.strip()) if separator else (None, name)
-
-
-def qualified_name(record: Any) -> str:
-    """``"plugin:name"`` for a record with a provider, else its plain name.
-
-    Args:
-        record: an :class:`OptimizerSpec` or :class:`ScheduleSpec` from a registry.
-
-    Returns:
-        The name :meth:`Registry.spec` resolves to exactly this record.
-    """
-    info = record.provider
-    return f"{info.plugin}{QUALIFIER}{record.name}" if info is not None else record.name
-
-
-def _native_or_conflict(name: str, entries: Sequence[_Named]) -> _Named:
-    """The one native record among ``entries`` (not bridged from another library), else a conflict.
-
-    Raises:
-        PluginConflictError: none or several of them are native.
-    """
-    native = [rec for rec in entries if getattr(rec, "origin", None) is None]
-    if len(native) == 1:
-        return native[0]
-    raise PluginConflictError(
-        name,
-        [_provider_tuple(rec) for rec in entries],
-        qualified=[qualified_name(rec) for rec in entries],
-    )
-
-
-def _provider_names(record: Any) -> set[str]:
-    info = record.provider
-    return {info.plugin, info.distribution} if info is not None else set()
-
-
-def _provider_tuple(record: Any) -> tuple[str, str, str]:
-    info = record.provider
-    return (info.plugin, info.distribution, info.version) if info else ("?", "?", "?")
-
-
-def _provides(info: PluginInfo, name: str) -> bool:
-    return any(item == name or item.partition(":")[2] == name for item in info.provides)
-
-
-class _UnknownHooks(Exception):
-    """A plugin defines ``optiplug_*`` functions that are not hooks (typos)."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        described = []
-        for name in names:
-            suggestion = closest_name(name, HOOK_NAMES)
-            hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
-            described.append(f"{name!r}{hint}")
-        super().__init__(
-            f"defines {', '.join(described)}, which {'is' if len(names) == 1 else 'are'} "
-            f"not an optiplug hook; hooks: {', '.join(sorted(HOOK_NAMES))}"
-        )
-
-
-def _unknown_hooks(plugin: object) -> list[str]:
-    """Names of ``optiplug_*`` callables on ``plugin`` that are not hook specs."""
-    names = [name for name in dir(plugin) if name.startswith("optiplug_")]
-    return sorted(
-        name for name in names if name not in HOOK_NAMES and callable(getattr(plugin, name, None))
-    )

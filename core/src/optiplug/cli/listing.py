@@ -10,7 +10,8 @@ from typing import Any
 import attrs
 
 from .._auto.model_config import parse_parameter_count
-from .._core.registry import Registry, qualified_name
+from .._core.naming import qualified_name
+from .._core.registry import Registry
 from .._core.specs import ImplementationSpec, OptimizerSpec, ProviderInfo, ScheduleSpec
 from .._state.memory import MemoryEstimate, estimate
 from .._text import format_table

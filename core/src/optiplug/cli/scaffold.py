@@ -28,7 +28,8 @@ from string import Template
 
 from .._core.builtin import version as core_version
 from .._core.hooks import PLUGIN_API_VERSION
-from .._core.registry import Registry, folded_name
+from .._core.naming import folded_name
+from .._core.registry import Registry
 from ..errors import OptiplugError
 
 __all__ = [

@@ -15,15 +15,16 @@ and keep the same state (``m``), so a state dict moves freely between them.
   memory once, so it is slower than the loop.
 * :func:`lion_fused` runs one fused kernel per tensor: it reads ``p``, ``g``,
   ``m`` once and writes ``p``, ``m`` once (20 bytes per fp32 parameter, the
-  memory-traffic floor). On a CPU in float32 or float64 the kernel is C
-  (:mod:`.native`), built with the system's C compiler in about 0.1 s and
-  kept per machine; elsewhere (CUDA, half precisions, or no C compiler) it
-  is compiled by ``torch.compile`` once per (device type, dtype) with
-  dynamic shapes. Both work on flat views, so new shapes do not rebuild.
-  Tensors under :data:`MIN_KERNEL_NUMEL` elements (where a kernel call costs
-  more than it saves) and non-contiguous ones take the loop. If compiling fails, or the kernel's first run disagrees with the
-  eager update of the same tensors (checked once per device and dtype), it
-  warns once and uses :func:`lion_foreach`.
+  memory-traffic floor). On a CPU the kernel is C (:mod:`.native`), built
+  with the system's C compiler in about 0.1 s and kept per machine;
+  elsewhere (CUDA, or no C compiler) it is compiled by ``torch.compile``
+  once per (device type, dtype) with dynamic shapes. Both work on flat
+  views, so new shapes do not rebuild. Tensors under
+  :data:`MIN_KERNEL_NUMEL` elements (where a kernel call costs more than it
+  saves) and non-contiguous ones take the loop. If building fails, or the
+  kernel's first run disagrees with the eager update of the same tensors
+  (checked once per device and dtype), it warns once and uses
+  :func:`lion_foreach`.
 """
 
 from __future__ import annotations
@@ -195,9 +196,9 @@ def _lion_kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, hyper: Tensor) ->
 def _compiled_kernel(device_type: str, dtype: torch.dtype) -> Callable[..., None] | None:
     """The fused kernel for ``(device_type, dtype)``; None after a failure.
 
-    On a CPU in float32 or float64 it is the C kernel (:mod:`.native`), built
-    in about 0.1 s; elsewhere, or where no C compiler builds it, the update
-    compiled by ``torch.compile``.
+    On a CPU it is the C kernel (:mod:`.native`), built in about 0.1 s;
+    elsewhere, or where no C compiler builds it, the update compiled by
+    ``torch.compile``.
     """
     key = (device_type, dtype)
     with _lock:
