@@ -10,7 +10,7 @@ interleaved rounds, so machine noise hits all alike; the report gives each
 median step, its ratio to the fp32 fused step and the state's bytes per
 parameter as ``optiplug.memory`` measures them.
 
-Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3]``
+Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3] [--only int8]``
 """
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ import torch
 
 import optiplug
 
+REFERENCE = "adamw fp32 (fused)"
+"""The contender the others are measured against."""
+
 
 def contenders() -> dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]]:
     """Name -> how to build it over the parameters."""
     made: dict[str, Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]] = {
-        "adamw fp32 (fused)": lambda ps: optiplug.create("adamw", ps, lr=1e-3, impl="fused"),
+        REFERENCE: lambda ps: optiplug.create("adamw", ps, lr=1e-3, impl="fused"),
     }
     for precision in ("bf16", "int8", "int4"):
         made[f"adamw {precision}"] = lambda ps, p=precision: optiplug.create(
@@ -50,11 +53,19 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="steps timed per round")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="time only the contenders whose name holds this text (repeatable; fp32 fused always)",
+    )
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(0)
     shape = (args.rows, args.cols)
     built: dict[str, tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]] = {}
     for name, make in contenders().items():
+        if args.only and name != REFERENCE and not any(part in name for part in args.only):
+            continue
         params = [
             torch.nn.Parameter(torch.randn(shape, generator=generator)) for _ in range(args.tensors)
         ]
@@ -73,7 +84,7 @@ def main() -> None:
                 optimizer.step()
                 times[name].append(time.perf_counter() - start)
     count = args.tensors * args.rows * args.cols
-    reference = statistics.median(times["adamw fp32 (fused)"])
+    reference = statistics.median(times[REFERENCE])
     print(
         f"{count / 1e6:.0f}M float32 parameters in {args.tensors} tensors; "
         f"{torch.get_num_threads()} threads; median of {args.rounds * args.steps} steps"

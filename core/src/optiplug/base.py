@@ -78,6 +78,7 @@ from ._state.codec import (
     step_in_state_precision,
 )
 from ._state.load import load_state_dict
+from ._state.native_adam import fused_adam_step
 from ._state.values import copied_tensor, is_subclass_tensor
 from .errors import HyperparameterError
 from .validators import reject_unknown
@@ -639,8 +640,9 @@ class TorchBackedOptimizer(_ContractOptimizer):
         self._take_measured_choice()
         loss = closure_loss(closure)
         torch_step = super().step
+        fused = fused_adam_step if isinstance(self, (torch.optim.Adam, torch.optim.AdamW)) else None
         cautious_weight_decay(
-            self, lambda: step_in_state_precision(self, torch_step, self.second_moments)
+            self, lambda: step_in_state_precision(self, torch_step, self.second_moments, fused)
         )
         return loss
 

@@ -538,6 +538,7 @@ def step_in_state_precision(
     optimizer: torch.optim.Optimizer,
     step: Callable[[], Any],
     second_moments: frozenset[str] = SECOND_MOMENTS,
+    fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
 ) -> None:
     """Run ``step`` (a closure-free step over ``optimizer.param_groups``) in each group's precision.
 
@@ -551,6 +552,9 @@ def step_in_state_precision(
         optimizer: the optimizer.
         step: its own step over ``optimizer.param_groups``, without a closure.
         second_moments: slot names that take the unsigned table without zero.
+        fused_step: tried first for each parameter of a low-precision group
+            (with its group); when it returns True it has stepped that
+            parameter on its stored state, which is then not decoded.
     """
     groups = optimizer.param_groups
     low = [group for group in groups if group_precision(group) != "fp32"]
@@ -568,7 +572,7 @@ def step_in_state_precision(
             for index, param in enumerate(group["params"]):
                 if param.grad is not None:
                     optimizer.param_groups = [_narrowed(group, index)]
-                    _step_one(optimizer, param, step, second_moments)
+                    _step_one(optimizer, param, step, second_moments, fused_step)
     finally:
         optimizer.param_groups = groups
 
@@ -603,7 +607,10 @@ def _step_one(
     param: torch.Tensor,
     step: Callable[[], Any],
     second_moments: frozenset[str],
+    fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
 ) -> None:
+    if fused_step is not None and fused_step(optimizer, optimizer.param_groups[0], param):
+        return
     state = optimizer.state[param]
     stored = {k: v for k, v in state.items() if isinstance(v, QuantizedState)}
     for key, value in stored.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 import torch
 
@@ -104,9 +105,9 @@ void optiplug_decode_blocks(const uint8_t *restrict codes, const float *restrict
 """
 
 _POINTER = ctypes.c_void_p
-_ENCODE_ARGS = [_POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _POINTER,
+_ENCODE_ARGS: list[Any] = [_POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _POINTER,
                 _POINTER, ctypes.c_int64, _POINTER, _POINTER, ctypes.c_int]  # fmt: skip
-_DECODE_ARGS = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _POINTER,
+_DECODE_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _POINTER,
                 _POINTER, ctypes.c_int]  # fmt: skip
 
 

@@ -1,0 +1,537 @@
+"""Adam and AdamW steps on int8/int4 state in one C pass over the blocks.
+
+:func:`fused_adam_step` updates one float32 parameter whose ``exp_avg`` and
+``exp_avg_sq`` are int8 or int4 :class:`~optiplug._state.codec.QuantizedState`
+slots without decoding them to whole tensors: each block of the codec (256
+elements for int8, 128 for int4) is decoded into a small float buffer, the
+step of torch's single-tensor Adam is applied to the parameter and both
+moments, the block's new absolute maxima are taken and the moments are
+encoded back into their codes and scales in place. Everything a block needs
+stays in L1, and each loop over a block vectorizes; with AVX-512 the int8
+and int4 tables are looked up in registers (permutes) rather than gathered.
+
+The codes follow the codec's rule exactly
+(:func:`~optiplug._state.codec.code_tables`), with its two lookups folded
+into one: an int32 per bucket holding the guess and where the next midpoint
+lies in the bucket (:func:`_bucket_steps`), from the first bucket that can
+hold a midpoint on, about 12 KB.
+
+The arithmetic is float32 per element with the scalars computed in double,
+as torch's ``_single_tensor_adam`` does, and rounds as ATen's vectorized
+CPU loops do: ``lerp``, ``add(alpha=)`` and ``addcmul`` with fused
+multiply-adds (``fmaf``) where ATen has them, everything else without
+contraction. That is torch's single-tensor step bit for bit except where
+ATen's vectorized ``sqrt`` is not correctly rounded (torch 2.13's AVX-512
+one is off by an ulp for some inputs; ``sqrt`` here is IEEE's), and within
+a few ulps of torch's ``fused=True`` kernel. OpenMP splits the blocks over
+torch's intra-op thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import torch
+
+from .._native import build_c_library
+from ..errors import NativeBuildError
+from .codec import GUESS_BUCKETS, QuantizedState, _table, code_tables, group_precision
+from .precision import BLOCK_SIZES, CODE_BITS
+
+__all__ = ["NativeAdam", "fused_adam_step", "native_adam"]
+
+_SOURCE = r"""
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+typedef struct {
+  const float *table;    /* the decoded values, 2**bits */
+  const uint32_t *step;  /* per bucket lo..last: guess << 17 | the low 16 bits of its midpoint */
+  int32_t lo, last, half;
+} optiplug_codes;
+
+typedef struct {
+  float neg_step, bc2_sqrt, eps, weight1, beta2, one_minus_beta2, l2, decay;
+  int32_t maximize, use_l2, use_decay;
+} optiplug_adam;
+
+static inline uint32_t bits_of(float x) { uint32_t u; memcpy(&u, &x, sizeof u); return u; }
+static inline float float_of(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return x; }
+
+/* out[j] = table[index[j]] * scale for a 16-value table, from registers where there are
+   vector permutes (a gather costs more than the whole lookup). */
+static inline void lookup16(const uint8_t *restrict index, int block, float scale,
+                            const float *restrict table, float *restrict out) {
+#if defined(__AVX512F__)
+  const __m512 values = _mm512_loadu_ps(table), by = _mm512_set1_ps(scale);
+  for (int j = 0; j < block; j += 16) {
+    const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(index + j)));
+    _mm512_storeu_ps(out + j, _mm512_mul_ps(_mm512_permutexvar_ps(at, values), by));
+  }
+#elif defined(__AVX2__)
+  const __m256 low = _mm256_loadu_ps(table), high = _mm256_loadu_ps(table + 8);
+  const __m256 by = _mm256_set1_ps(scale);
+  for (int j = 0; j < block; j += 8) {
+    const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(index + j)));
+    const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(at, 28)); /* bit 3 as the sign */
+    const __m256 found = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, at),
+                                          _mm256_permutevar8x32_ps(high, at), upper);
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(found, by));
+  }
+#else
+  for (int j = 0; j < block; j++) out[j] = table[index[j]] * scale;
+#endif
+}
+
+/* out[j] = table[codes[j]] * scale for a 256-value table: with AVX-512, from registers
+   (eight two-register permutes by the low 5 bits, then the high 3 bits pick), since GCC
+   emulates a gather with scalar loads here. */
+static inline void lookup256(const uint8_t *restrict codes, int block, float scale,
+                             const float *restrict table, float *restrict out) {
+#if defined(__AVX512F__)
+  __m512 t[16];
+  for (int k = 0; k < 16; k++) t[k] = _mm512_loadu_ps(table + 16 * k);
+  const __m512 by = _mm512_set1_ps(scale);
+  for (int j = 0; j < block; j += 16) {
+    const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + j)));
+    __m512 part[8];
+    for (int k = 0; k < 8; k++) part[k] = _mm512_permutex2var_ps(t[2 * k], at, t[2 * k + 1]);
+    for (int bit = 5, width = 8; bit < 8; bit++, width /= 2) {
+      const __mmask16 high = _mm512_test_epi32_mask(at, _mm512_set1_epi32(1 << bit));
+      for (int k = 0; k < width / 2; k++)
+        part[k] = _mm512_mask_blend_ps(high, part[2 * k], part[2 * k + 1]);
+    }
+    _mm512_storeu_ps(out + j, _mm512_mul_ps(part[0], by));
+  }
+#else
+  for (int j = 0; j < block; j++) out[j] = table[codes[j]] * scale;
+#endif
+}
+
+static inline void decode(const uint8_t *restrict codes, int bits, int block, float scale,
+                          const float *restrict table, float *restrict out) {
+  if (bits == 8) {
+    lookup256(codes, block, scale, table, out);
+  } else {
+    uint8_t nibbles[256];
+    for (int j = 0; j < block / 2; j++) {
+      nibbles[2 * j] = codes[j] & 15;
+      nibbles[2 * j + 1] = codes[j] >> 4;
+    }
+    lookup16(nibbles, block, scale, table, out);
+  }
+}
+
+/* sqrtf of a block (a multiple of 16) in vector instructions: a loop calling sqrtf is not
+   vectorized by GCC while sqrtf may set errno. The same correctly rounded square roots. */
+static inline void sqrt_block(const float *restrict x, float *restrict out, int block) {
+#if defined(__AVX512F__)
+  for (int j = 0; j < block; j += 16)
+    _mm512_storeu_ps(out + j, _mm512_sqrt_ps(_mm512_loadu_ps(x + j)));
+#elif defined(__AVX__)
+  for (int j = 0; j < block; j += 8)
+    _mm256_storeu_ps(out + j, _mm256_sqrt_ps(_mm256_loadu_ps(x + j)));
+#elif defined(__SSE2__)
+  for (int j = 0; j < block; j += 4) _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(x + j)));
+#else
+  for (int j = 0; j < block; j++) out[j] = sqrtf(x[j]);
+#endif
+}
+
+static inline void update(float *restrict p, const float *restrict g, int count, int block,
+                          float *restrict m, float *restrict v, const optiplug_adam *h) {
+  const float w = h->weight1, w_less = h->weight1 - 1.0f, l2 = h->l2, decay = h->decay;
+  const float beta2 = h->beta2, rest2 = h->one_minus_beta2, bc2 = h->bc2_sqrt, eps = h->eps;
+  const float neg_step = h->neg_step;
+  const int small = w < 0.5f, maximize = h->maximize, use_l2 = h->use_l2;
+  const int use_decay = h->use_decay;
+  for (int j = 0; j < count; j++) {
+    float grad = maximize ? -g[j] : g[j];
+    float param = p[j];
+    grad = use_l2 ? fmaf(param, l2, grad) : grad;
+    param = use_decay ? param * decay : param;
+    const float diff = grad - m[j];
+    const float mj = small ? fmaf(w, diff, m[j]) : fmaf(w_less, diff, grad);
+    m[j] = mj;
+    v[j] = fmaf(rest2 * grad, grad, v[j] * beta2);
+    p[j] = param;
+  }
+  float root[256];
+  sqrt_block(v, root, block);
+  for (int j = 0; j < count; j++) p[j] = p[j] + neg_step * m[j] / (root[j] / bc2 + eps);
+}
+
+/* The block's scale: its absolute maximum, NaN if it holds one (by the bits: |x| orders as
+   an unsigned integer and every NaN is above inf). */
+static inline float block_scale(const float *restrict x, int block) {
+  uint32_t top = 0;
+  for (int j = 0; j < block; j++) {
+    const uint32_t u = bits_of(x[j]) & 0x7fffffffu;
+    top = u > top ? u : top;
+  }
+  return top > 0x7f800000u ? NAN : float_of(top);
+}
+
+static inline void encode(const float *restrict x, int bits, int block, float scale,
+                          const optiplug_codes *c, uint8_t *restrict codes) {
+  const float divisor = scale != scale ? scale : (scale < FLT_MIN ? FLT_MIN : scale);
+  const uint32_t *restrict step = c->step;
+  const uint32_t lowest = (uint32_t)c->lo << 16, highest = (uint32_t)c->last << 16;
+  const int32_t half = c->half;
+  uint8_t local[256];
+  for (int j = 0; j < block; j++) {
+    const float value = x[j] / divisor;
+    uint32_t magnitude = bits_of(value) & 0x7fffffffu;
+    magnitude = magnitude < lowest ? lowest : (magnitude > highest ? highest : magnitude);
+    const uint32_t entry = step[magnitude >> 16];
+    const int32_t index = (int32_t)(entry >> 17) + ((magnitude & 0xffffu) >= (entry & 0x1ffffu));
+    local[j] = (uint8_t)(half == 0 ? index : (value < 0 ? half - 1 - index : half + index));
+  }
+  if (bits == 8) {
+    memcpy(codes, local, (size_t)block);
+  } else {
+    for (int j = 0; j < block / 2; j++)
+      codes[j] = (uint8_t)(local[2 * j] | (local[2 * j + 1] << 4));
+  }
+}
+
+static inline void adam_block(float *restrict p, const float *restrict g, int count, int bits,
+                              int block, uint8_t *restrict m_codes, float *restrict m_scale,
+                              uint8_t *restrict v_codes, float *restrict v_scale,
+                              const optiplug_codes *mc, const optiplug_codes *vc,
+                              const optiplug_adam *h) {
+  float m[256], v[256];
+  decode(m_codes, bits, block, *m_scale, mc->table, m);
+  decode(v_codes, bits, block, *v_scale, vc->table, v);
+  update(p, g, count, block, m, v, h);
+  for (int j = count; j < block; j++) m[j] = v[j] = 0.0f;  /* the encoder's zero padding */
+  *m_scale = block_scale(m, block);
+  *v_scale = block_scale(v, block);
+  encode(m, bits, block, *m_scale, mc, m_codes);
+  encode(v, bits, block, *v_scale, vc, v_codes);
+}
+
+void optiplug_adam_encode(const float *restrict x, int64_t n, int bits, uint8_t *restrict codes,
+                          float *restrict scales, const optiplug_codes *c, int threads) {
+  const int block = bits == 8 ? 256 : 128;
+  const int64_t blocks = (n + block - 1) / block;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t start = b * block;
+    const int count = (int)(n - start < block ? n - start : block);
+    float values[256];
+    for (int j = 0; j < block; j++) values[j] = j < count ? x[start + j] : 0.0f;
+    scales[b] = block_scale(values, block);
+    encode(values, bits, block, scales[b], c, codes + start * bits / 8);
+  }
+}
+
+void optiplug_adam_step(float *restrict p, const float *restrict g, int64_t n, int bits,
+                        uint8_t *restrict m_codes, float *restrict m_scales,
+                        uint8_t *restrict v_codes, float *restrict v_scales,
+                        const optiplug_codes *mc, const optiplug_codes *vc,
+                        const optiplug_adam *h, int threads) {
+  const int block = bits == 8 ? 256 : 128;
+  const int64_t blocks = (n + block - 1) / block;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t start = b * block;
+    const int count = (int)(n - start < block ? n - start : block);
+    const int64_t bytes = start * bits / 8;
+    if (bits == 8)
+      adam_block(p + start, g + start, count, 8, 256, m_codes + bytes, m_scales + b,
+                 v_codes + bytes, v_scales + b, mc, vc, h);
+    else
+      adam_block(p + start, g + start, count, 4, 128, m_codes + bytes, m_scales + b,
+                 v_codes + bytes, v_scales + b, mc, vc, h);
+  }
+}
+"""
+
+
+class _Codes(ctypes.Structure):
+    _fields_ = [
+        ("table", ctypes.c_void_p),
+        ("step", ctypes.c_void_p),
+        ("lo", ctypes.c_int32),
+        ("last", ctypes.c_int32),
+        ("half", ctypes.c_int32),
+    ]
+
+
+class _Scalars(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_float) for name in ("neg_step", "bc2_sqrt", "eps", "weight1", "beta2")),
+        *((name, ctypes.c_float) for name in ("one_minus_beta2", "l2", "decay")),
+        *((name, ctypes.c_int32) for name in ("maximize", "use_l2", "use_decay")),
+    ]
+
+
+_POINTER = ctypes.c_void_p
+_ENCODE_ARGS: list[Any] = [_POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
+                           ctypes.POINTER(_Codes), ctypes.c_int]  # fmt: skip
+_STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
+                         _POINTER, _POINTER, ctypes.POINTER(_Codes), ctypes.POINTER(_Codes),
+                         ctypes.POINTER(_Scalars), ctypes.c_int]  # fmt: skip
+
+
+class _SlotTables:
+    """One code's tables for the C loop, kept alive with the structure pointing at them."""
+
+    def __init__(self, bits: int, signed: bool) -> None:
+        cpu = torch.device("cpu")
+        self.table = _table(bits, signed, cpu)[0].contiguous()
+        lo, self.steps = _bucket_steps(bits, signed)
+        half = 1 << (bits - 1) if signed else 0
+        based = self.steps.data_ptr() - lo * self.steps.element_size()  # steps[lo] comes first
+        self.codes = _Codes(self.table.data_ptr(), based, lo, GUESS_BUCKETS - 1, half)
+
+
+def _bucket_steps(bits: int, signed: bool) -> tuple[int, torch.Tensor]:
+    """:func:`code_tables` folded into one int32 per bucket, from the first bucket that matters.
+
+    A magnitude's index is ``g + (m >= midpoints[g])`` with ``g`` its
+    bucket's guess. The midpoint ``midpoints[g]`` lies above the bucket's
+    lowest float32, so either inside the bucket (then ``m >= midpoint``
+    compares the low 16 bits of both) or above it (never reached: the bound
+    is stored as 65536). Each entry is ``g << 17 | bound``. Buckets below
+    ``lo`` (the last with guess 0; the midpoint 0 is in it) all give index
+    0, as does ``lo``'s lowest float32 (bound above 0), so the kernel
+    clamps a magnitude's bits to ``[lo << 16, last << 16]`` first; the last
+    bucket (1.0) has no midpoint in it, so NaN clamped there gets the same
+    index as the comparison with a NaN.
+
+    Returns:
+        ``lo`` and the int32 entries of the buckets ``lo`` to the last.
+    """
+    midpoints, guesses = code_tables(bits, signed, torch.device("cpu"))
+    lo = int((guesses == 0).sum()) - 1  # every bucket below also has guess 0
+    buckets = torch.arange(lo, GUESS_BUCKETS, dtype=torch.int64)
+    guess = guesses[lo:].long()
+    midpoint_bits = midpoints[guess].view(torch.int32).long()
+    inside = (midpoint_bits >> 16) == buckets
+    bound = torch.where(inside, midpoint_bits & 0xFFFF, torch.full_like(guess, 0x10000))
+    return lo, ((guess << 17) | bound).to(torch.int32).contiguous()
+
+
+@functools.cache
+def _slot_tables(bits: int, signed: bool) -> _SlotTables:
+    """The cached tables of ``bits`` and ``signed``."""
+    return _SlotTables(bits, signed)
+
+
+class NativeAdam:
+    """The loaded C step (see the module docstring)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._step = library.optiplug_adam_step
+        self._step.argtypes, self._step.restype = _STEP_ARGS, None
+        self._encode = library.optiplug_adam_encode
+        self._encode.argtypes, self._encode.restype = _ENCODE_ARGS, None
+
+    def encode(
+        self, flat: torch.Tensor, precision: str, signed: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codes and scales of contiguous float32 ``flat`` by the step's own encoder.
+
+        The codec's encoding computes the same, bit for bit; this entry point
+        lets that be checked.
+
+        Args:
+            flat: a contiguous one-dimensional float32 CPU tensor.
+            precision: ``"int8"`` or ``"int4"``.
+            signed: the signed table (a first moment) or not.
+
+        Returns:
+            ``(codes, scales)`` laid out as :class:`QuantizedState` keeps them.
+        """
+        bits, block = CODE_BITS[precision], BLOCK_SIZES[precision]
+        blocks = -(-flat.numel() // block)
+        codes = torch.empty(blocks * block * bits // 8, dtype=torch.uint8)
+        scales = torch.empty(blocks, dtype=torch.float32)
+        self._encode(
+            flat.data_ptr(), flat.numel(), bits, codes.data_ptr(), scales.data_ptr(),
+            ctypes.byref(_slot_tables(bits, signed).codes), torch.get_num_threads(),
+        )  # fmt: skip
+        return codes, scales
+
+    def step(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        slots: tuple[QuantizedState, QuantizedState],
+        scalars: dict[str, float],
+    ) -> None:
+        """One step on contiguous float32 ``param`` and ``grad``, moments ``slots`` in place.
+
+        Args:
+            param: the parameter, updated in place.
+            grad: its gradient.
+            slots: ``(exp_avg, exp_avg_sq)``, int8 or int4 alike.
+            scalars: the fields of the C structure of the step's scalars.
+        """
+        exp_avg, exp_avg_sq = slots
+        bits = CODE_BITS[exp_avg.precision]
+        first, second = _slot_tables(bits, True), _slot_tables(bits, False)
+        self._step(
+            param.data_ptr(), grad.data_ptr(), param.numel(), bits,
+            exp_avg.codes.data_ptr(), exp_avg.scales.data_ptr(),
+            exp_avg_sq.codes.data_ptr(), exp_avg_sq.scales.data_ptr(),
+            ctypes.byref(first.codes), ctypes.byref(second.codes),
+            ctypes.byref(_Scalars(**scalars)), torch.get_num_threads(),
+        )  # fmt: skip
+
+
+@functools.cache
+def native_adam() -> NativeAdam | None:
+    """The C step, built once per process; None without a C compiler or with it switched off."""
+    try:
+        return NativeAdam(build_c_library(_SOURCE, name="optiplug-adam").library)
+    except NativeBuildError:
+        return None
+
+
+def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
+    """One Adam/AdamW step of ``param`` on its int8/int4 moments in place, when the C step applies.
+
+    The step is torch's single-tensor one (``maximize``, L2 weight decay for
+    Adam, decoupled for AdamW, bias corrections from the incremented
+    ``state["step"]``); both slots' ``writes`` grow by one, as a store does.
+
+    Args:
+        optimizer: a ``torch.optim.Adam`` (or ``AdamW``) whose state is low precision.
+        group: ``param``'s group (its hyperparameters are read).
+        param: the parameter, with a gradient.
+
+    Returns:
+        False, having changed nothing, when the C step does not apply (the
+        group's implementation is not ``fused``, not a float32 CPU parameter with a dense contiguous gradient, an option
+        it lacks, state not yet int8/int4 moments of the group's precision,
+        no compiler); True when it stepped.
+    """
+    if torch.compiler.is_compiling() or not _plain_group(optimizer, group):
+        return False
+    state = optimizer.state.get(param)
+    slots = _moments(state, group, param) if state else None
+    if state is None or slots is None:
+        return False
+    kernel = native_adam()
+    if kernel is None:
+        return False
+    step = _incremented(state)
+    kernel.step(param, param.grad, slots, _scalars(optimizer, group, step))
+    for slot in slots:
+        slot.writes += 1
+    return True
+
+
+def _plain_group(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    """Whether ``group`` runs the fused implementation with options the C step has.
+
+    The C step is ``impl="fused"``'s kernel for low-precision state; ``loop``
+    and ``foreach`` keep torch's own arithmetic on the decoded state.
+    """
+    if not group.get("fused"):
+        return False
+    if group.get("amsgrad") or group.get("differentiable") or group.get("capturable"):
+        return False
+    if getattr(optimizer, "grad_scale", None) is not None:
+        return False
+    if getattr(optimizer, "found_inf", None) is not None:
+        return False
+    betas = group.get("betas", ())
+    scalars = [group.get("lr"), group.get("eps"), group.get("weight_decay"), *betas]
+    return len(betas) == 2 and all(isinstance(value, (int, float)) for value in scalars)
+
+
+def _moments(
+    state: dict[str, Any], group: dict[str, Any], param: torch.Tensor
+) -> tuple[QuantizedState, QuantizedState] | None:
+    """``(exp_avg, exp_avg_sq)`` when the C step can take them and ``param``, else None."""
+    grad = param.grad
+    if "step" not in state or grad is None or not _dense_cpu_float(param, grad):
+        return None
+    first, second = state.get("exp_avg"), state.get("exp_avg_sq")
+    precision = group_precision(group)
+    if precision not in CODE_BITS:
+        return None
+    for slot, signed in ((first, True), (second, False)):
+        if not isinstance(slot, QuantizedState) or not _fits(slot, precision, signed, param):
+            return None
+    assert isinstance(first, QuantizedState) and isinstance(second, QuantizedState)
+    return first, second
+
+
+def _dense_cpu_float(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether ``param`` and ``grad`` are contiguous dense float32 CPU tensors of one shape."""
+    return (
+        all(
+            tensor.device.type == "cpu"
+            and tensor.dtype == torch.float32
+            and tensor.layout == torch.strided
+            and tensor.is_contiguous()
+            and type(tensor) in (torch.Tensor, torch.nn.Parameter)
+            for tensor in (param, grad)
+        )
+        and grad.shape == param.shape
+    )
+
+
+def _fits(slot: QuantizedState, precision: str, signed: bool, param: torch.Tensor) -> bool:
+    """Whether ``slot`` is ``param``'s moment stored in ``precision`` with the ``signed`` table."""
+    block = BLOCK_SIZES[precision]
+    blocks = -(-param.numel() // block)
+    return (
+        slot.precision == precision
+        and slot.signed == signed
+        and slot.shape == param.shape
+        and slot.dtype == torch.float32
+        and slot.codes.device.type == "cpu"
+        and slot.codes.dtype == torch.uint8
+        and slot.codes.is_contiguous()
+        and slot.codes.numel() == blocks * block * CODE_BITS[precision] // 8
+        and slot.scales.dtype == torch.float32
+        and slot.scales.is_contiguous()
+        and slot.scales.numel() == blocks
+    )
+
+
+def _incremented(state: dict[str, Any]) -> float:
+    """``state["step"]`` plus one, in place as torch keeps it (a tensor), and its new value."""
+    step = state["step"]
+    if isinstance(step, torch.Tensor):
+        step += 1
+        return float(step.item())
+    state["step"] = step + 1
+    return float(state["step"])
+
+
+def _scalars(
+    optimizer: torch.optim.Optimizer, group: dict[str, Any], step: float
+) -> dict[str, Any]:
+    """The C step's scalars, computed in double as torch's single-tensor Adam does."""
+    lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+    beta1, beta2 = (float(beta) for beta in group["betas"])
+    decoupled = bool(group.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW)))
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    return {
+        "neg_step": -(lr / bias_correction1),
+        "bc2_sqrt": bias_correction2**0.5,
+        "eps": eps,
+        "weight1": 1 - beta1,
+        "beta2": beta2,
+        "one_minus_beta2": 1 - beta2,
+        "l2": decay,
+        "decay": 1 - lr * decay,
+        "maximize": int(bool(group.get("maximize"))),
+        "use_l2": int(decay != 0 and not decoupled),
+        "use_decay": int(decay != 0 and decoupled),
+    }
