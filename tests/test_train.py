@@ -12,19 +12,16 @@ import json
 import math
 import re
 import shlex
-import signal
+import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 import optiplug
 from optiplug import Graph
-from optiplug._train import checkpoints
 from optiplug._train.config import TrainConfig
 from optiplug._train.data import load_corpus
 from optiplug._train.loop import build_graph
@@ -287,27 +284,60 @@ def test_progress_shows_the_gradient_norm_when_measured() -> None:
 
 
 # ------------------------------------------------------------------ Ctrl-C
-def ctrl_c_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Send this process SIGINT, as Ctrl-C does, once the progress line has recorded ``step``."""
+# Each interrupted run is its own interpreter: SIGINT reaches a fresh process's main
+# thread as it would at a terminal, whatever an earlier test left in this one.
+_INTERRUPT = """
+import json, signal, sys
+from optiplug._train import checkpoints
+from optiplug._train.report import Progress
+from optiplug.cli import main
+
+where, step, args = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+if where == "step":
     update = Progress.update
 
-    def interrupting(self: Progress, at: int, *args: Any, **kwargs: Any) -> None:
-        update(self, at, *args, **kwargs)
+    def interrupting(self, at, *rest, **kwargs):
+        update(self, at, *rest, **kwargs)
         if at == step:
             signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(Progress, "update", interrupting)
+    Progress.update = interrupting
+else:  # during a save, between the checkpoint and train.json
+    write = checkpoints._write_run_file
+
+    def interrupted_write(*rest):
+        signal.raise_signal(signal.SIGINT)
+        write(*rest)
+
+    checkpoints._write_run_file = interrupted_write
+try:
+    code = main(["train", *args])
+except KeyboardInterrupt:
+    code = "escaped"
+print(json.dumps(code))
+"""
 
 
-def run_interrupted(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:
-    """Run ``optiplug train ARGS`` expecting Ctrl-C; the exit code and the last stderr lines."""
-    try:
-        code = main(["train", *TINY, *args])
-    except KeyboardInterrupt:
-        pytest.fail("KeyboardInterrupt escaped `optiplug train`: the user sees a traceback")
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    return code, err.strip().splitlines()[-2:]
+def run_interrupted(where: str, step: int, *args: str) -> tuple[int, list[str]]:
+    """Run ``optiplug train TINY ARGS`` in a fresh process, Ctrl-C at ``step`` (or in a save).
+
+    Returns:
+        The exit code ``main`` returned, and the last two lines it wrote to stderr.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT, where, str(step), json.dumps([*TINY, *args])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    code = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code != "escaped", (
+        "KeyboardInterrupt escaped `optiplug train`: the user sees a traceback"
+    )
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+    return code, done.stderr.strip().splitlines()[-2:]
 
 
 needs_sigint = pytest.mark.skipif(sys.platform == "win32", reason="raises SIGINT in-process")
@@ -315,12 +345,11 @@ needs_sigint = pytest.mark.skipif(sys.platform == "win32", reason="raises SIGINT
 
 @needs_sigint
 def test_ctrl_c_names_the_step_the_intact_checkpoint_and_the_resume_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved = tmp_path / "run dir"
-    ctrl_c_at(monkeypatch, 6)
     code, lines = run_interrupted(
-        capsys, "--steps", "12", "--save-every", "4", "--save", str(saved)
+        "step", 6, "--steps", "12", "--save-every", "4", "--save", str(saved)
     )
     assert code == 130
     assert lines == [
@@ -330,7 +359,6 @@ def test_ctrl_c_names_the_step_the_intact_checkpoint_and_the_resume_command(
     ]
     assert restored(saved).training_step == 4
     assert json.loads((saved / "train.json").read_text())["step"] == 4
-    monkeypatch.undo()
     code, out, _ = run_cli(capsys, "--resume", str(saved), "--quiet", "--sample-chars", "0")
     assert code == 0 and "to step 12 (resumed at step 4)" in out
 
@@ -338,12 +366,11 @@ def test_ctrl_c_names_the_step_the_intact_checkpoint_and_the_resume_command(
 @needs_sigint
 @pytest.mark.parametrize("save", [True, False], ids=["save", "no-save"])
 def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(
-    save: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    save: bool, tmp_path: Path
 ) -> None:
     saved = tmp_path / "run"
-    ctrl_c_at(monkeypatch, 3)
     code, lines = run_interrupted(
-        capsys, "--steps", "12", *(["--save", str(saved)] if save else [])
+        "step", 3, "--steps", "12", *(["--save", str(saved)] if save else [])
     )
     assert code == 130
     assert lines[0] == "optiplug: interrupted at step 3 of 12"
@@ -358,20 +385,11 @@ def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_saved(
 
 
 @needs_sigint
-def test_ctrl_c_during_a_save_takes_effect_once_the_checkpoint_is_whole(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ctrl_c_during_a_save_takes_effect_once_the_checkpoint_is_whole(tmp_path: Path) -> None:
     """Ctrl-C between the checkpoint and train.json: both are written, then the run stops."""
     saved = tmp_path / "run"
-    write: Callable[..., None] = checkpoints._write_run_file
-
-    def interrupted_write(*args: Any) -> None:
-        signal.raise_signal(signal.SIGINT)
-        write(*args)
-
-    monkeypatch.setattr(checkpoints, "_write_run_file", interrupted_write)
     code, lines = run_interrupted(
-        capsys, "--steps", "12", "--save-every", "4", "--save", str(saved)
+        "save", 0, "--steps", "12", "--save-every", "4", "--save", str(saved)
     )
     assert code == 130
     assert lines[0] == "optiplug: interrupted at step 4 of 12"
