@@ -284,10 +284,12 @@ def test_progress_shows_the_gradient_norm_when_measured() -> None:
 
 
 # ------------------------------------------------------------------ Ctrl-C
-# Each interrupted run is its own interpreter: SIGINT reaches a fresh process's main
-# thread as it would at a terminal, whatever an earlier test left in this one.
+# Each interrupted run is its own interpreter, with Python's own SIGINT handler installed
+# as at a terminal: a test run started in the background of a shell without job control
+# inherits SIGINT ignored (POSIX), and Ctrl-C could not reach the run there at all.
 _INTERRUPT = """
 import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from optiplug._train import checkpoints
 from optiplug._train.report import Progress
 from optiplug.cli import main
