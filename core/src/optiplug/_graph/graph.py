@@ -464,13 +464,14 @@ class Graph:
             return False
         if self._guard.pending:
             return self._skip()
-        norm = self._clip.total_norm(self.parameters()) if self.scaler is None else None
-        if self._gradient_nonfinite(norm):
+        trainable = self.parameters()  # walked once per step: clipping and both screens share it
+        norm = self._clip.total_norm(trainable) if self.scaler is None else None
+        if self._gradient_nonfinite(norm, trainable):
             return self._skip()
         self._apply_lr()
         stepped = self._precision.step(
             optimizer,
-            lambda: self._clip.clip(self.parameters(), norm),
+            lambda: self._clip.clip(trainable, norm),
             unscale=self._clip.setting is not None,
         )
         self._buffers.keep()  # the forwards' buffer updates belong to this step now
@@ -478,10 +479,12 @@ class Graph:
         if stepped:
             self._training_step += 1
             self._guard.consecutive = 0
-            self._stop_if_parameters_nonfinite()
+            self._stop_if_parameters_nonfinite(trainable)
         return stepped
 
-    def _gradient_nonfinite(self, norm: torch.Tensor | None) -> bool:
+    def _gradient_nonfinite(
+        self, norm: torch.Tensor | None, trainable: list[torch.nn.Parameter]
+    ) -> bool:
         """Whether to skip for a non-finite gradient; raises under ``"stop"``.
 
         With fp16 the GradScaler makes that decision itself. With clipping,
@@ -491,7 +494,7 @@ class Graph:
         """
         if self.scaler is not None or (norm is not None and bool(norm.isfinite())):
             return False
-        name = self._guard.nonfinite_gradient(self.module, self._parallel)
+        name = self._guard.nonfinite_gradient(self.module, self._parallel, trainable)
         if name is None:
             return False
         if self._guard.policy == "skip":
@@ -505,8 +508,8 @@ class Graph:
         self._guard.count_skip(self._training_step)
         return False
 
-    def _stop_if_parameters_nonfinite(self) -> None:
-        found = self._guard.nonfinite_parameter(self.module, self._parallel)
+    def _stop_if_parameters_nonfinite(self, trainable: list[torch.nn.Parameter]) -> None:
+        found = self._guard.nonfinite_parameter(self.module, self._parallel, trainable)
         if found is not None:
             raise self._guard.state_error(found, self._training_step)
 

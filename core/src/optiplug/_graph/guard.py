@@ -69,14 +69,22 @@ class NonfiniteGuard:
         )
 
     @staticmethod
-    def nonfinite_gradient(module: torch.nn.Module, parallel: str) -> str | None:
+    def nonfinite_gradient(
+        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter] | None = None
+    ) -> str | None:
         """The first non-finite gradient's description, or None (agreed across ranks).
 
         Gradients are all-reduced under DDP, so every rank decides the same;
         under FSDP each rank checks its shard and one all-reduce of the answer
-        makes every rank decide alike.
+        makes every rank decide alike. ``trainable`` (the module's trainable
+        parameters, when the caller has them) saves walking the module.
         """
-        if all_ranks_finite(gradient_values(module), parallel):
+        screened = (
+            gradient_values(module)
+            if trainable is None
+            else [p.grad for p in trainable if p.grad is not None]
+        )
+        if all_ranks_finite(screened, parallel):
             return None
         return first_nonfinite(gradients(module)) or "a gradient shard of another rank"
 
@@ -90,15 +98,20 @@ class NonfiniteGuard:
         )
 
     @staticmethod
-    def nonfinite_parameter(module: torch.nn.Module, parallel: str) -> str | None:
+    def nonfinite_parameter(
+        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter] | None = None
+    ) -> str | None:
         """The first parameter holding NaN or inf, or None (after each step).
 
         The parameters are what the next forward reads; the optimizer state
         is checked where it matters, before a save (:meth:`nonfinite_state`):
         screening it after every step would cost a reduction over two to
         three times as many elements. Under FSDP every rank must call it.
+        Only ``trainable`` parameters are screened when given (a step leaves
+        the frozen ones as they were).
         """
-        if all_ranks_finite(list(module.parameters()), parallel):
+        screened = list(module.parameters()) if trainable is None else trainable
+        if all_ranks_finite(screened, parallel):
             return None
         return first_nonfinite(parameters(module)) or "a parameter shard of another rank"
 
