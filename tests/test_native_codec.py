@@ -90,6 +90,6 @@ def test_the_c_loops_write_and_read_what_the_torch_ops_do(kind, numel, seed, sca
         assert torch.equal(codes, expected_codes)
         decoded = _decode_blocks(codes, scales, bits, signed, numel)
         unpacked = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1) if bits == 4 else codes
-        values = _table(bits, signed, torch.device("cpu"))[0]
+        values = _table(bits, signed, torch.device("cpu"))
         reference = values[unpacked.int()].view(scales.numel(), -1) * scales.unsqueeze(1)
         assert torch.equal(decoded, reference.reshape(-1)[:numel])

@@ -282,7 +282,7 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
     """The AVX2 and plain C loops (built here by hiding the CPU's features) match, bit for bit."""
     source = "".join(f"#undef {name}\n" for name in without) + native_adam._SOURCE
     name = "optiplug-adam-test-" + str(len(without))
-    other = native_adam.NativeAdam(optiplug.base.build_c_library(source, name=name).library)
+    other = native_adam.NativeAdam(optiplug.base.build_c_library(source, name=name))
     kernel = native_adam.native_adam()
     assert kernel is not None
     for precision in ("int8", "int4"):

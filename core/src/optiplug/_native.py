@@ -38,7 +38,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -71,8 +73,8 @@ class NativeLibrary:
         name: the name it was asked for under (part of the file name).
         path: the shared library's file.
         flags: the compiler flags it was built with.
-        library: the loaded library; set each function's ``argtypes`` and
-            ``restype`` before calling it.
+        library: the loaded library (:meth:`function` binds one of its
+            functions with its argument types).
     """
 
     name: str
@@ -84,6 +86,24 @@ class NativeLibrary:
     def openmp(self) -> bool:
         """Whether it was built with OpenMP (its ``#pragma omp`` loops run in parallel)."""
         return "-fopenmp" in self.flags
+
+    def function(self, symbol: str, argtypes: Sequence[Any], restype: Any = None) -> Any:
+        """The exported C function ``symbol``, its argument and result types set.
+
+        Args:
+            symbol: the function's name in the library.
+            argtypes: its parameters' :mod:`ctypes` types, in order.
+            restype: its result's type (None for ``void``).
+
+        Returns:
+            The callable :mod:`ctypes` function (its calls release the GIL).
+
+        Raises:
+            AttributeError: the library exports no such function.
+        """
+        found = getattr(self.library, symbol)
+        found.argtypes, found.restype = list(argtypes), restype
+        return found
 
 
 def build_c_library(source: str, *, name: str) -> NativeLibrary:

@@ -102,9 +102,9 @@ def gradients(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield f"the gradient of parameter {name!r}", parameter.grad
 
 
-def gradient_values(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Every gradient of ``module``'s parameters, without names (for :func:`all_finite`)."""
-    return [p.grad for p in module.parameters() if p.grad is not None]
+def gradient_values(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients ``params`` have, without names (for :func:`all_finite`)."""
+    return [p.grad for p in params if p.grad is not None]
 
 
 def state_values(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[Any]:

@@ -70,21 +70,17 @@ class NonfiniteGuard:
 
     @staticmethod
     def nonfinite_gradient(
-        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter] | None = None
+        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter]
     ) -> str | None:
         """The first non-finite gradient's description, or None (agreed across ranks).
 
         Gradients are all-reduced under DDP, so every rank decides the same;
         under FSDP each rank checks its shard and one all-reduce of the answer
-        makes every rank decide alike. ``trainable`` (the module's trainable
-        parameters, when the caller has them) saves walking the module.
+        makes every rank decide alike. ``trainable`` is the module's trainable
+        parameters, listed once per step by the caller; the module is walked
+        again only to name a culprit.
         """
-        screened = (
-            gradient_values(module)
-            if trainable is None
-            else [p.grad for p in trainable if p.grad is not None]
-        )
-        if all_ranks_finite(screened, parallel):
+        if all_ranks_finite(gradient_values(trainable), parallel):
             return None
         return first_nonfinite(gradients(module)) or "a gradient shard of another rank"
 
@@ -99,19 +95,17 @@ class NonfiniteGuard:
 
     @staticmethod
     def nonfinite_parameter(
-        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter] | None = None
+        module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter]
     ) -> str | None:
-        """The first parameter holding NaN or inf, or None (after each step).
+        """The first trainable parameter holding NaN or inf, or None (after each step).
 
-        The parameters are what the next forward reads; the optimizer state
-        is checked where it matters, before a save (:meth:`nonfinite_state`):
-        screening it after every step would cost a reduction over two to
-        three times as many elements. Under FSDP every rank must call it.
-        Only ``trainable`` parameters are screened when given (a step leaves
-        the frozen ones as they were).
+        The parameters are what the next forward reads (a step leaves the
+        frozen ones as they were); the optimizer state is checked where it
+        matters, before a save (:meth:`nonfinite_state`): screening it after
+        every step would cost a reduction over two to three times as many
+        elements. Under FSDP every rank must call it.
         """
-        screened = list(module.parameters()) if trainable is None else trainable
-        if all_ranks_finite(screened, parallel):
+        if all_ranks_finite(trainable, parallel):
             return None
         return first_nonfinite(parameters(module)) or "a parameter shard of another rank"
 

@@ -113,11 +113,9 @@ def dynamic_table(bits: int, signed: bool, zero: bool = True) -> tuple[float, ..
 
 
 @functools.cache
-def _table(bits: int, signed: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decoding table (float32, on ``device``) and the midpoints between its values."""
-    values = torch.tensor(dynamic_table(bits, signed, zero=signed), dtype=torch.float32)
-    values = values.to(device)
-    return values, (values[1:] + values[:-1]) / 2
+def _table(bits: int, signed: bool, device: torch.device) -> torch.Tensor:
+    """The decoding table (float32, on ``device``); a second moment's has no zero."""
+    return torch.tensor(dynamic_table(bits, signed, zero=signed), dtype=torch.float32).to(device)
 
 
 # ------------------------------------------------------------------ encoding
@@ -211,11 +209,11 @@ def _decode_blocks(
     codes: torch.Tensor, scales: torch.Tensor, bits: int, signed: bool, numel: int
 ) -> torch.Tensor:
     """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements)."""
-    values, _ = _table(bits, signed, codes.device)
+    values = _table(bits, signed, codes.device)
     codec = _native_for(codes)
     if codec is not None and codes.is_contiguous() and scales.is_contiguous():
         out = torch.empty(numel, dtype=torch.float32)
-        block = BLOCK_SIZES["int8" if bits == 8 else "int4"]
+        block = codes.numel() * 8 // bits // max(1, scales.numel())  # the codes cover whole blocks
         codec.decode(codes, scales, bits, block, values, out)
         return out
     if bits == 4:

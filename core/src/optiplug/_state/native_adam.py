@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._native import build_c_library
+from .._native import NativeLibrary, build_c_library
 from ..errors import NativeBuildError
 from .codec import GUESS_BUCKETS, QuantizedState, _table, code_tables, group_precision
 from .precision import BLOCK_SIZES, CODE_BITS
@@ -287,7 +287,7 @@ class _SlotTables:
 
     def __init__(self, bits: int, signed: bool) -> None:
         cpu = torch.device("cpu")
-        self.table = _table(bits, signed, cpu)[0].contiguous()
+        self.table = _table(bits, signed, cpu).contiguous()
         lo, self.steps = _bucket_steps(bits, signed)
         half = 1 << (bits - 1) if signed else 0
         based = self.steps.data_ptr() - lo * self.steps.element_size()  # steps[lo] comes first
@@ -330,11 +330,9 @@ def _slot_tables(bits: int, signed: bool) -> _SlotTables:
 class NativeAdam:
     """The loaded C step (see the module docstring)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._step = library.optiplug_adam_step
-        self._step.argtypes, self._step.restype = _STEP_ARGS, None
-        self._encode = library.optiplug_adam_encode
-        self._encode.argtypes, self._encode.restype = _ENCODE_ARGS, None
+    def __init__(self, library: NativeLibrary) -> None:
+        self._step = library.function("optiplug_adam_step", _STEP_ARGS)
+        self._encode = library.function("optiplug_adam_encode", _ENCODE_ARGS)
 
     def encode(
         self, flat: torch.Tensor, precision: str, signed: bool
@@ -393,7 +391,7 @@ class NativeAdam:
 def native_adam() -> NativeAdam | None:
     """The C step, built once per process; None without a C compiler or with it switched off."""
     try:
-        return NativeAdam(build_c_library(_SOURCE, name="optiplug-adam").library)
+        return NativeAdam(build_c_library(_SOURCE, name="optiplug-adam"))
     except NativeBuildError:
         return None
 

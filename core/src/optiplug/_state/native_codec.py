@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._native import build_c_library
+from .._native import NativeLibrary, build_c_library
 from ..errors import NativeBuildError
 
 __all__ = ["NativeCodec", "native_codec"]
@@ -114,11 +114,9 @@ _DECODE_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int64, c
 class NativeCodec:
     """The loaded C functions (see the module docstring)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._encode = library.optiplug_encode_blocks
-        self._encode.argtypes, self._encode.restype = _ENCODE_ARGS, None
-        self._decode = library.optiplug_decode_blocks
-        self._decode.argtypes, self._decode.restype = _DECODE_ARGS, None
+    def __init__(self, library: NativeLibrary) -> None:
+        self._encode = library.function("optiplug_encode_blocks", _ENCODE_ARGS)
+        self._decode = library.function("optiplug_decode_blocks", _DECODE_ARGS)
 
     def encode(
         self,
@@ -158,6 +156,6 @@ class NativeCodec:
 def native_codec() -> NativeCodec | None:
     """The C codec, built once per process; None without a C compiler or with it switched off."""
     try:
-        return NativeCodec(build_c_library(_SOURCE, name="optiplug-codec").library)
+        return NativeCodec(build_c_library(_SOURCE, name="optiplug-codec"))
     except NativeBuildError:
         return None

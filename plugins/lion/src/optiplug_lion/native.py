@@ -117,9 +117,7 @@ def native_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor, Tenso
         KeyError: another dtype.
     """
     name, source, symbol = _FUNCTIONS[dtype]
-    function = getattr(build_c_library(source, name=name).library, symbol)
-    function.argtypes = _ARGTYPES
-    function.restype = None
+    function = build_c_library(source, name=name).function(symbol, _ARGTYPES)
 
     def kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, packed: Tensor) -> None:
         lr, weight_decay, beta1, beta2, direction, cautious = packed.tolist()
