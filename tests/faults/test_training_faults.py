@@ -153,16 +153,21 @@ def test_graph_stops_on_a_nan_batch_and_the_last_good_checkpoint_survives(
     assert all(torch.isfinite(p).all() for p in restored.parameters())
 
 
-def test_graph_stops_when_a_step_leaves_the_state_nonfinite(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_graph_stops_when_a_step_leaves_the_state_nonfinite(tmp_path: Path, policy: str) -> None:
     graph = regression_graph()
+    graph.set_nonfinite_policy(policy)
     run_steps(graph, 2)
     graph.save(tmp_path / "ckpt")
     good = checkpoint.verify(tmp_path / "ckpt").checkpoint_id
     graph.set_optimizer("sgd", lr=1e30)
     for p in graph.parameters():
         p.grad = torch.full_like(p, 1e30)  # finite gradients, an update that overflows
+    assert graph.step()  # applied: the parameters are not screened after every step...
+    batch = next(iter(graph.epoch(0)))
+    loss = torch.nn.functional.mse_loss(graph.forward_batch(batch), graph.targets(batch)["y"])
     with pytest.raises(GraphError, match=r"not finite after step 3: parameter '0\.weight'"):
-        graph.step()
+        graph.backward(loss)  # ...but the next loss shows them, and is reported as such
     with pytest.raises(GraphError, match=r"refusing to save a non-finite state.*untouched"):
         graph.save(tmp_path / "ckpt")
     assert checkpoint.verify(tmp_path / "ckpt").checkpoint_id == good

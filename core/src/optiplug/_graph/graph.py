@@ -404,13 +404,19 @@ class Graph:
 
         A non-finite loss is not backpropagated (under DDP: on any rank, then
         on none): with the ``"stop"`` policy it raises, with ``"skip"`` this
-        accumulation's step will be skipped.
+        accumulation's step will be skipped. The parameters are screened then,
+        not after every step: an earlier step that left one non-finite (an
+        update that overflowed) shows first in the loss, and is reported as
+        such under either policy.
 
         Raises:
-            GraphError: a non-finite loss under the ``"stop"`` policy; the
-                gradients accumulated so far are dropped, nothing is applied.
+            GraphError: a non-finite loss under the ``"stop"`` policy (the
+                gradients accumulated so far are dropped, nothing is applied);
+                or, under either policy, parameters an earlier step left
+                non-finite.
         """
         if self._guard.loss_nonfinite(loss):
+            self._stop_if_parameters_nonfinite(self.parameters())
             if self._guard.policy == "skip":
                 self._guard.pending = True
                 return
@@ -449,9 +455,11 @@ class Graph:
 
         Raises:
             GraphError: no optimizer set; a non-finite gradient (``"stop"``
-                policy: nothing applied); too many skips in a row; or a step
-                that left a parameter non-finite (a non-finite optimizer
-                state is refused by :meth:`save`).
+                policy: nothing applied); or too many skips in a row. A step
+                that leaves a parameter non-finite is reported by the next
+                :meth:`backward` (its loss is then non-finite), and
+                :meth:`save` refuses a non-finite parameter, buffer or
+                optimizer state.
         """
         optimizer = self._require_optimizer("step")
         if not self._optimizer_training and has_train_eval(optimizer):
@@ -464,7 +472,7 @@ class Graph:
             return False
         if self._guard.pending:
             return self._skip()
-        trainable = self.parameters()  # walked once per step: clipping and both screens share it
+        trainable = self.parameters()  # walked once per step: clipping and the screen share it
         norm = self._clip.total_norm(trainable) if self.scaler is None else None
         if self._gradient_nonfinite(norm, trainable):
             return self._skip()
@@ -479,7 +487,6 @@ class Graph:
         if stepped:
             self._training_step += 1
             self._guard.consecutive = 0
-            self._stop_if_parameters_nonfinite(trainable)
         return stepped
 
     def _gradient_nonfinite(

@@ -97,13 +97,14 @@ class NonfiniteGuard:
     def nonfinite_parameter(
         module: torch.nn.Module, parallel: str, trainable: list[torch.nn.Parameter]
     ) -> str | None:
-        """The first trainable parameter holding NaN or inf, or None (after each step).
+        """The first trainable parameter holding NaN or inf, or None.
 
-        The parameters are what the next forward reads (a step leaves the
-        frozen ones as they were); the optimizer state is checked where it
-        matters, before a save (:meth:`nonfinite_state`): screening it after
-        every step would cost a reduction over two to three times as many
-        elements. Under FSDP every rank must call it.
+        A Graph asks when a loss is non-finite, to tell a step that
+        overflowed the parameters from a bad batch (a step leaves the frozen
+        ones as they were). Nothing is screened after every step: a
+        non-finite parameter shows in the next loss, and a save checks
+        parameters, buffers and optimizer state (:meth:`nonfinite_state`).
+        Under FSDP every rank must call it.
         """
         if all_ranks_finite(trainable, parallel):
             return None
@@ -125,9 +126,10 @@ class NonfiniteGuard:
 
     @staticmethod
     def state_error(found: str, step: int) -> GraphError:
-        """The error of a step ``step`` that left ``found`` non-finite."""
+        """The error of a step ``step`` that left ``found`` non-finite (seen in the next loss)."""
         return GraphError(
-            f"Graph.step: the state is not finite after step {step}: "
+            f"Graph.backward: the loss is not finite because the state is not finite after "
+            f"step {step}: "
             f"{found} holds NaN or inf (the update overflowed: lower the learning rate); "
             "this Graph cannot go on: load the last checkpoint"
         )
