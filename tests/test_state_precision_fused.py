@@ -1,4 +1,4 @@
-"""The fused C step of Adam and AdamW on int8/int4 state (:mod:`optiplug._state.native_adam`).
+"""The fused C step of Adam and AdamW on int8, int4 and bf16 state (:mod:`optiplug._state.native_adam`).
 
 Each fused step is checked against the slow path (decode, torch's own step,
 encode) taken from the same state, and both against the step computed in
@@ -162,6 +162,73 @@ def test_the_fused_step_matches_the_slow_path(
     _assert_close_states(fast.state[p_fast], slow.state[p_slow], before, effective.detach())
 
 
+def _within_one_bf16_step(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether bfloat16 values differ by at most one unit in the last place of the larger.
+
+    Both paths round the same float32 value stochastically with the same
+    bits; the float32 values may differ by a few roundings, which moves a
+    value across a bfloat16 boundary at most once.
+    """
+    a, b = mine.float(), theirs.float()
+    larger = torch.maximum(a.abs(), b.abs())
+    ulp = torch.where(larger > 0, 2.0 ** (torch.frexp(larger).exponent - 8), 0.0)
+    return bool(torch.all((a - b).abs() <= ulp.clamp_min(2.0**-133)))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    numel=st.one_of(st.integers(4096, 30_000), st.sampled_from([4096, 4097, 8191, 65_536])),
+    name=st.sampled_from(["adam", "adamw"]),
+    weight_decay=st.sampled_from([0.0, 0.01, 0.3]),
+    maximize=st.booleans(),
+    lr=st.sampled_from([1e-3, 3e-2]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_fused_bf16_step_matches_the_slow_path(
+    numel: int, name: str, weight_decay: float, maximize: bool, lr: float, seed: int
+) -> None:
+    """bf16 moments: the C step's stochastic rounding draws the torch path's bits."""
+    hparams = {"lr": lr, "weight_decay": weight_decay, "maximize": maximize}
+    (fast, slow), (p_fast, p_slow) = _pair(name, numel, "bf16", seed, **hparams)
+    for _ in range(2):
+        grad = torch.randn(numel, generator=torch.Generator().manual_seed(seed + 1))
+        p_fast.grad, p_slow.grad = grad.clone(), grad.clone()
+        _, update, _, _ = _float64_step(fast, p_fast, grad)
+        calls = _counting(fast)
+        with _slow_path():
+            slow.step()
+        assert calls == [True]
+        bound = 8 * EPS32 * (p_slow.detach().abs() + update.float()) + 1e-30
+        assert torch.all((p_fast.detach() - p_slow.detach()).abs() <= bound)
+        for key in ("exp_avg", "exp_avg_sq"):
+            mine, theirs = fast.state[p_fast][key], slow.state[p_slow][key]
+            assert mine.precision == "bf16" and mine.writes == theirs.writes
+            assert _within_one_bf16_step(mine.codes, theirs.codes)
+        p_slow.data.copy_(p_fast.detach())  # the next step starts both from the same values
+        for key in ("exp_avg", "exp_avg_sq"):
+            slow.state[p_slow][key].codes.copy_(fast.state[p_fast][key].codes)
+
+
+def test_the_fused_bf16_step_rounds_without_bias() -> None:
+    """Stochastic rounding: a moment that rounding to nearest would freeze still moves."""
+    param = torch.nn.Parameter(torch.zeros(8192))
+    optimizer = optiplug.create("adamw", [param], impl="fused", state_precision="bf16", lr=0.0)
+    param.grad = torch.ones(8192)
+    optimizer.step()
+    stored = optimizer.state[param]["exp_avg"]
+    stored.codes.fill_(0.1)  # every element the bfloat16 nearest 0.1, exactly
+    start = float(stored.dequantize()[0])
+    beta1 = 0.9
+    for _ in range(20):
+        param.grad = torch.full((8192,), start * (1 + 2**-10))
+        assert _counting(optimizer) == [True]
+    # each step moves the exact EMA by at most 0.1 * start * 2**-10, far below half a
+    # bfloat16 ulp (start * 2**-9 at least), so rounding to nearest would never move it
+    exact = start + (1 - beta1**20) * start * 2**-10
+    mean = optimizer.state[param]["exp_avg"].dequantize().double().mean()
+    assert abs(float(mean) - exact) < 0.25 * (exact - start)
+
+
 def _counting(optimizer: torch.optim.Optimizer) -> list[bool]:
     """Step ``optimizer`` once with the fused step's answers recorded; returns them."""
     answers: list[bool] = []
@@ -216,8 +283,8 @@ def test_adamw_int8_takes_the_fused_step_for_every_parameter() -> None:
     ("impl", "hparams", "precision"),
     [
         ("fused", {"amsgrad": True}, "int8"),
-        ("fused", {}, "bf16"),
         ("fused", {}, "fp32"),
+        ("loop", {}, "bf16"),
         ("loop", {}, "int8"),  # loop and foreach keep torch's arithmetic on the decoded state
         ("foreach", {}, "int4"),
     ],
@@ -285,7 +352,7 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
     other = native_adam.NativeAdam(optiplug.base.build_c_library(source, name=name))
     kernel = native_adam.native_adam()
     assert kernel is not None
-    for precision in ("int8", "int4"):
+    for precision in ("int8", "int4", "bf16"):
         (first, second), (p_first, p_second) = _pair("adamw", 9_000, precision, 3, lr=1e-2)
         grad = torch.randn(9_000, generator=torch.Generator().manual_seed(4))
         scalars = native_adam._scalars(first, first.param_groups[0], 2.0)

@@ -247,9 +247,14 @@ _GOLDEN = -1640531535  # 0x9E3779B1 as an int32
 _MIX = (-2048144789, -1028477387)  # MurmurHash3's fmix32 constants, as int32
 
 
+def seed_term(seed: int) -> int:
+    """What a write count ``seed`` adds to every hashed index (below 2**31)."""
+    return seed * 0x27D4EB2F & 0x7FFFFFFF
+
+
 def _hashed(index: torch.Tensor, seed: int) -> torch.Tensor:
     """16 well-mixed bits (0..65535) of each int32 ``index`` and ``seed``."""
-    h = index * _GOLDEN + (seed * 0x27D4EB2F & 0x7FFFFFFF)
+    h = index * _GOLDEN + seed_term(seed)
     h = h ^ (h >> 16)
     h = h * _MIX[0]
     h = h ^ (h >> 13)

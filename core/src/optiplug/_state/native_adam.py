@@ -1,4 +1,4 @@
-"""Adam and AdamW steps on int8/int4 state in one C pass over the blocks.
+"""Adam and AdamW steps on int8, int4 or bf16 state in one C pass over the blocks.
 
 :func:`fused_adam_step` updates one float32 parameter whose ``exp_avg`` and
 ``exp_avg_sq`` are int8 or int4 :class:`~optiplug._state.codec.QuantizedState`
@@ -25,6 +25,11 @@ ATen's vectorized ``sqrt`` is not correctly rounded (torch 2.13's AVX-512
 one is off by an ulp for some inputs; ``sqrt`` here is IEEE's), and within
 a few ulps of torch's ``fused=True`` kernel. OpenMP splits the blocks over
 torch's intra-op thread count.
+
+bf16 moments take the same pass over blocks of 256 elements: decoded by a
+shift, stepped by the same arithmetic, and rounded stochastically on write
+with the codec's hashed bits (:func:`~optiplug._state.codec.seed_term`), the
+same bits its torch path draws for that write.
 """
 
 from __future__ import annotations
@@ -37,7 +42,14 @@ import torch
 
 from .._native import NativeLibrary, build_c_library
 from ..errors import NativeBuildError
-from .codec import GUESS_BUCKETS, QuantizedState, _table, code_tables, group_precision
+from .codec import (
+    GUESS_BUCKETS,
+    QuantizedState,
+    _table,
+    code_tables,
+    group_precision,
+    seed_term,
+)
 from .precision import BLOCK_SIZES, CODE_BITS
 
 __all__ = ["NativeAdam", "fused_adam_step", "native_adam"]
@@ -233,6 +245,46 @@ void optiplug_adam_encode(const float *restrict x, int64_t n, int bits, uint8_t 
   }
 }
 
+/* bf16 state: 16 bits hashed from the element's index and the slot's write count, added
+   below the kept ones before truncating (the codec's stochastic rounding, bit for bit:
+   MurmurHash3's finaliser in int32 arithmetic, shifts arithmetic as torch's are). */
+static inline uint32_t noise16(uint32_t index, uint32_t seed_term) {
+  uint32_t h = index * 0x9E3779B1u + seed_term;
+  h ^= (uint32_t)((int32_t)h >> 16);
+  h *= 0x85EBCA6Bu;
+  h ^= (uint32_t)((int32_t)h >> 13);
+  h *= 0xC2B2AE35u;
+  return (h ^ (h >> 16)) & 0xffffu;
+}
+
+static inline uint16_t bf16_rounded(float x, uint32_t index, uint32_t seed_term) {
+  const uint32_t u = bits_of(x);
+  if ((u & 0x7f800000u) == 0x7f800000u)  /* inf keeps its bits, NaN is a quiet NaN */
+    return (u & 0x007fffffu) ? (uint16_t)0x7fc0u : (uint16_t)(u >> 16);
+  return (uint16_t)((u + noise16(index, seed_term)) >> 16);
+}
+
+void optiplug_adam_bf16_step(float *restrict p, const float *restrict g, int64_t n,
+                             uint16_t *restrict m16, uint16_t *restrict v16, uint32_t m_seed,
+                             uint32_t v_seed, const optiplug_adam *h, int threads) {
+  const int64_t blocks = (n + 255) / 256;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t start = b * 256;
+    const int count = (int)(n - start < 256 ? n - start : 256);
+    float m[256], v[256];
+    for (int j = 0; j < 256; j++) {
+      m[j] = j < count ? float_of((uint32_t)m16[start + j] << 16) : 0.0f;
+      v[j] = j < count ? float_of((uint32_t)v16[start + j] << 16) : 0.0f;
+    }
+    update(p + start, g + start, count, 256, m, v, h);
+    for (int j = 0; j < count; j++) {
+      m16[start + j] = bf16_rounded(m[j], (uint32_t)(start + j), m_seed);
+      v16[start + j] = bf16_rounded(v[j], (uint32_t)(start + j), v_seed);
+    }
+  }
+}
+
 void optiplug_adam_step(float *restrict p, const float *restrict g, int64_t n, int bits,
                         uint8_t *restrict m_codes, float *restrict m_scales,
                         uint8_t *restrict v_codes, float *restrict v_scales,
@@ -277,6 +329,9 @@ class _Scalars(ctypes.Structure):
 _POINTER = ctypes.c_void_p
 _ENCODE_ARGS: list[Any] = [_POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
                            ctypes.POINTER(_Codes), ctypes.c_int]  # fmt: skip
+_BF16_STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER,
+                              ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(_Scalars),
+                              ctypes.c_int]  # fmt: skip
 _STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
                          _POINTER, _POINTER, ctypes.POINTER(_Codes), ctypes.POINTER(_Codes),
                          ctypes.POINTER(_Scalars), ctypes.c_int]  # fmt: skip
@@ -332,6 +387,7 @@ class NativeAdam:
 
     def __init__(self, library: NativeLibrary) -> None:
         self._step = library.function("optiplug_adam_step", _STEP_ARGS)
+        self._bf16_step = library.function("optiplug_adam_bf16_step", _BF16_STEP_ARGS)
         self._encode = library.function("optiplug_adam_encode", _ENCODE_ARGS)
 
     def encode(
@@ -372,10 +428,20 @@ class NativeAdam:
         Args:
             param: the parameter, updated in place.
             grad: its gradient.
-            slots: ``(exp_avg, exp_avg_sq)``, int8 or int4 alike.
+            slots: ``(exp_avg, exp_avg_sq)``, both int8, both int4 or both bf16
+                (whose values are rounded stochastically with the seeds their
+                next write takes).
             scalars: the fields of the C structure of the step's scalars.
         """
         exp_avg, exp_avg_sq = slots
+        if exp_avg.precision == "bf16":
+            self._bf16_step(
+                param.data_ptr(), grad.data_ptr(), param.numel(),
+                exp_avg.codes.data_ptr(), exp_avg_sq.codes.data_ptr(),
+                seed_term(exp_avg.writes + 1), seed_term(exp_avg_sq.writes + 1),
+                ctypes.byref(_Scalars(**scalars)), torch.get_num_threads(),
+            )  # fmt: skip
+            return
         bits = CODE_BITS[exp_avg.precision]
         first, second = _slot_tables(bits, True), _slot_tables(bits, False)
         self._step(
@@ -397,7 +463,7 @@ def native_adam() -> NativeAdam | None:
 
 
 def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
-    """One Adam/AdamW step of ``param`` on its int8/int4 moments in place, when the C step applies.
+    """One Adam/AdamW step of ``param`` on its int8/int4/bf16 moments in place, when the C step applies.
 
     The step is torch's single-tensor one (``maximize``, L2 weight decay for
     Adam, decoupled for AdamW, bias corrections from the incremented
@@ -411,7 +477,7 @@ def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], par
     Returns:
         False, having changed nothing, when the C step does not apply (the
         group's implementation is not ``fused``, not a float32 CPU parameter with a dense contiguous gradient, an option
-        it lacks, state not yet int8/int4 moments of the group's precision,
+        it lacks, state not yet int8/int4/bf16 moments of the group's precision,
         no compiler); True when it stepped.
     """
     if torch.compiler.is_compiling() or not _plain_group(optimizer, group):
@@ -458,7 +524,7 @@ def _moments(
         return None
     first, second = state.get("exp_avg"), state.get("exp_avg_sq")
     precision = group_precision(group)
-    if precision not in CODE_BITS:
+    if precision not in CODE_BITS and precision != "bf16":
         return None
     for slot, signed in ((first, True), (second, False)):
         if not isinstance(slot, QuantizedState) or not _fits(slot, precision, signed, param):
@@ -484,6 +550,16 @@ def _dense_cpu_float(param: torch.Tensor, grad: torch.Tensor) -> bool:
 
 def _fits(slot: QuantizedState, precision: str, signed: bool, param: torch.Tensor) -> bool:
     """Whether ``slot`` is ``param``'s moment stored in ``precision`` with the ``signed`` table."""
+    if precision == "bf16":
+        return (
+            slot.precision == precision
+            and slot.shape == param.shape
+            and slot.dtype == torch.float32
+            and slot.codes.device.type == "cpu"
+            and slot.codes.dtype == torch.bfloat16
+            and slot.codes.is_contiguous()
+            and slot.codes.numel() == param.numel()
+        )
     block = BLOCK_SIZES[precision]
     blocks = -(-param.numel() // block)
     return (
