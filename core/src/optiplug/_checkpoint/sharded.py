@@ -68,6 +68,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
 from .._core.specs import Problem
+from .._state.codec import decoded
 from .._state.load import registry_of, spec_of, validate_state_dict
 from ..errors import CheckpointError, StateDictError
 from .format import ALLOWED_FILES, sha256
@@ -964,9 +965,16 @@ def _against_index(target: Mapping[str, Any], metadata: Metadata) -> list[Proble
 
 
 def _copied(tree: Any) -> Any:
-    """A deep copy of the state-dict tree: tensors cloned (a DTensor stays sharded), the rest copied."""
+    """A deep copy of the state-dict tree: tensors cloned (a DTensor stays sharded), the rest copied.
+
+    Low-precision state is copied decoded: DCP reads a saved shard into the
+    region of each target it overlaps, which a quantized target (its codes
+    shared by blocks) cannot take; the optimizer encodes it again as it
+    loads (``convert_state``), giving back the same codes when the sharding
+    is the one saved.
+    """
     if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
+        return decoded(tree).detach().clone()
     if isinstance(tree, Mapping):
         return {key: _copied(value) for key, value in tree.items()}
     if isinstance(tree, list):

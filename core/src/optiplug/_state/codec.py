@@ -35,13 +35,13 @@ checks, ``torch.equal`` and printing work), and in-place ones other than
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-from ..errors import HyperparameterError
 from .native_codec import NativeCodec, native_codec
 from .precision import BLOCK_SIZES, CODE_BITS
 
@@ -406,6 +406,12 @@ def _rebuilt(
     return QuantizedState(codes, scales, precision, signed, shape, dtype, writes)
 
 
+torch.serialization.add_safe_globals([_rebuilt])
+"""A sharded checkpoint (DCP) pickles a quantized shard as ``_rebuilt(codes, scales, ...)``,
+and reads it back with ``torch.load(weights_only=True)``: it builds from tensors and
+plain values only."""
+
+
 def _encoded(
     value: torch.Tensor, precision: str, signed: bool, writes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -457,8 +463,16 @@ def _to_copy(value: QuantizedState, **kwargs: Any) -> Any:
     return _same_kind(value, value.codes.to(device=device), value.scales.to(device=device))
 
 
+def _view(value: QuantizedState, size: Sequence[int]) -> torch.Tensor:
+    """A view of the same shape shares the codes (a DTensor views its shard so); others decode."""
+    if tuple(size) == tuple(value.shape):
+        return _detach(value)
+    return value.dequantize().view(size)
+
+
 _aten = torch.ops.aten
 _HANDLERS: dict[Any, Callable[..., Any]] = {
+    _aten.view.default: _view,
     _aten.detach.default: _detach,
     _aten.clone.default: _clone,
     _aten.copy_.default: _copy,
@@ -467,15 +481,71 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
 }
 
 
+# ------------------------------------------------------------------ sharded (DTensor) state
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a ``DTensor`` (none exists unless torch.distributed.tensor is loaded)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+def local_of(value: Any) -> Any:
+    """A ``DTensor``'s local shard as it is stored (quantized or not); anything else as it is."""
+    return value._local_tensor if is_dtensor(value) else value
+
+
+def sharded_like(like: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as the shard of a ``DTensor`` with ``like``'s mesh, placements, shape and stride.
+
+    A :class:`QuantizedState` shard stays quantized inside it (DTensor views
+    its shard at the same shape, which shares the codes).
+    """
+    from torch.distributed.tensor import DTensor  # deferred: imports torch
+
+    return DTensor.from_local(
+        local,
+        like.device_mesh,  # type: ignore[attr-defined]  # a DTensor's
+        like.placements,  # type: ignore[attr-defined]
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
+
+
+def decoded(value: torch.Tensor) -> torch.Tensor:
+    """``value`` with its quantized storage (its own, or its shard's) decoded; else as it is."""
+    local = local_of(value)
+    if not isinstance(local, QuantizedState):
+        return value
+    return sharded_like(value, local.dequantize()) if local is not value else local.dequantize()
+
+
 # ------------------------------------------------------------------ slots in a precision
 def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.Tensor:
     """``value`` converted to ``precision`` (a plain tensor for ``"fp32"``).
 
     A tensor under :data:`MIN_QUANTIZED_NUMEL` elements, or one that is not
-    floating point, stays as it is (plain, decoded if it was stored low).
+    floating point, stays as it is (plain, decoded if it was stored low). A
+    ``DTensor`` (FSDP's sharded state) converts its local shard, blocks
+    within the shard, and stays a ``DTensor`` of the same placements; whether
+    it is quantized is decided by its global size, so every rank decides
+    alike.
     """
+    if is_dtensor(value):
+        small = value.numel() < MIN_QUANTIZED_NUMEL
+        chosen = "fp32" if small else precision
+        local = value._local_tensor  # type: ignore[attr-defined]  # DTensor's own shard
+        converted = _in_precision_local(local, chosen, signed, smallest=0)
+        return value if converted is local else sharded_like(value, converted)
+    return _in_precision_local(value, precision, signed, smallest=MIN_QUANTIZED_NUMEL)
+
+
+def _in_precision_local(
+    value: torch.Tensor, precision: str, signed: bool, smallest: int
+) -> torch.Tensor:
+    """:func:`in_precision` of a plain (or quantized) tensor; under ``smallest`` elements: plain."""
     plain: torch.Tensor = _plain(value)
-    if precision == "fp32" or plain.numel() < MIN_QUANTIZED_NUMEL or not plain.is_floating_point():
+    if precision == "fp32" or plain.numel() < smallest or not plain.is_floating_point():
         return plain
     if (
         isinstance(value, QuantizedState)
@@ -549,7 +619,10 @@ def step_in_state_precision(
     group steps one parameter at a time: its slots are decoded to plain
     tensors, ``step`` runs with ``param_groups`` narrowed to that parameter
     (a shallow copy of its group), and the slots are encoded back, so at
-    most one parameter's state is full precision at any moment.
+    most one parameter's state is full precision at any moment. A sharded
+    (``DTensor``) parameter's slots are ``DTensor``s whose shards are
+    quantized (blocks within the shard): the shard is decoded into a
+    ``DTensor`` of the same placements for ``step``, then encoded back.
 
     Args:
         optimizer: the optimizer.
@@ -564,7 +637,6 @@ def step_in_state_precision(
     if not low:  # loading converted any stored codes (convert_state): nothing to decode
         step()
         return
-    _refuse_sharded(low)
     try:
         full = [group for group in groups if group_precision(group) == "fp32"]
         if full:  # stored codes there (a group switched back to fp32) are decoded first
@@ -578,22 +650,6 @@ def step_in_state_precision(
                     _step_one(optimizer, param, step, second_moments, fused_step)
     finally:
         optimizer.param_groups = groups
-
-
-def _refuse_sharded(groups: Sequence[Mapping[str, Any]]) -> None:
-    """Before anything is updated: low-precision state is for whole (unsharded) parameters.
-
-    Raises:
-        HyperparameterError: a low-precision group holds a distributed
-            (``DTensor``) parameter, such as FSDP2's shards.
-    """
-    for group in groups:
-        if any(hasattr(param, "to_local") for param in group["params"]):
-            raise HyperparameterError(
-                "state_precision",
-                group_precision(group),
-                "is for whole parameters; FSDP's sharded (DTensor) parameters keep fp32 state",
-            )
 
 
 def _narrowed(group: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -615,17 +671,17 @@ def _step_one(
     if fused_step is not None and fused_step(optimizer, optimizer.param_groups[0], param):
         return
     state = optimizer.state[param]
-    stored = {k: v for k, v in state.items() if isinstance(v, QuantizedState)}
+    stored = {k: v for k, v in state.items() if isinstance(local_of(v), QuantizedState)}
     for key, value in stored.items():
-        state[key] = value.dequantize()
+        state[key] = decoded(value)
     step()
     precision = group_precision(optimizer.param_groups[0])
     for key, value in list(state.items()):
         if not _is_state_tensor(key, value, param):
             continue
         kept = stored.get(key)
-        if kept is not None and kept.precision == precision:
-            kept.store(value)
+        if kept is not None and local_of(kept).precision == precision:
+            local_of(kept).store(local_of(value))
             state[key] = kept
         else:
             state[key] = in_precision(value, precision, signed=key not in second_moments)

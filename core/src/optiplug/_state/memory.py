@@ -234,10 +234,14 @@ def _flattened(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
 
     A wrapper subclass (a quantized optimizer state) has no storage of its
     own; ``__tensor_flatten__`` names the attributes holding its tensors,
-    which may be subclasses again.
+    which may be subclasses again. A DTensor is its local shard's.
     """
+    if _is_dtensor(tensor):  # this rank's shard, itself perhaps quantized
+        local = getattr(tensor, "_local_tensor", None)
+        yield from _flattened(tensor.to_local() if local is None else local)  # type: ignore[attr-defined]  # a DTensor's
+        return
     flatten = getattr(type(tensor), "__tensor_flatten__", None)
-    if flatten is None or type(tensor).__name__ in ("Tensor", "Parameter") or _is_dtensor(tensor):
+    if flatten is None or type(tensor).__name__ in ("Tensor", "Parameter"):
         yield tensor
         return
     names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
@@ -246,7 +250,7 @@ def _flattened(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
-    """A DTensor counts its local shard (see :func:`_storage`), not its flattened parts."""
+    """Whether ``tensor`` is a DTensor (its local shard is what this rank holds)."""
     return hasattr(tensor, "to_local")
 
 
