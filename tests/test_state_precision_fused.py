@@ -229,16 +229,82 @@ def test_the_fused_bf16_step_rounds_without_bias() -> None:
     assert abs(float(mean) - exact) < 0.25 * (exact - start)
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    numel=st.one_of(st.integers(4096, 30_000), st.sampled_from([4096, 4097, 8191, 65_536])),
+    precision=st.sampled_from(["int8", "int4", "bf16"]),
+    nesterov=st.booleans(),
+    dampening=st.sampled_from([0.0, 0.1]),
+    weight_decay=st.sampled_from([0.0, 0.01]),
+    maximize=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_the_fused_sgd_step_equals_torchs_single_tensor_step(
+    numel: int,
+    precision: str,
+    nesterov: bool,
+    dampening: float,
+    weight_decay: float,
+    maximize: bool,
+    seed: int,
+) -> None:
+    """Bit for bit: the same multiplies and fused multiply-adds as ATen's, on the same codes."""
+    if nesterov:
+        dampening = 0.0  # torch's nesterov requires it
+    hparams = {"lr": 1e-2, "momentum": 0.9, "dampening": dampening, "nesterov": nesterov,
+               "weight_decay": weight_decay, "maximize": maximize}  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    start, first = torch.randn(numel, generator=generator), torch.randn(numel, generator=generator)
+    pair = []
+    for impl in ("fused", "loop"):  # loop: torch's single-tensor step on the decoded buffer
+        param = torch.nn.Parameter(start.clone())
+        param.grad = first.clone()
+        optimizer = optiplug.create("sgd", [param], impl=impl, state_precision=precision, **hparams)
+        optimizer.step()
+        pair.append((optimizer, param))
+    (fast, p_fast), (slow, p_slow) = pair
+    for step in range(2):
+        grad = torch.randn(numel, generator=generator)
+        p_fast.grad, p_slow.grad = grad.clone(), grad.clone()
+        assert _counting(fast) == [True]
+        slow.step()
+        assert torch.equal(p_fast, p_slow)
+        mine, theirs = fast.state[p_fast]["momentum_buffer"], slow.state[p_slow]["momentum_buffer"]
+        assert mine.writes == theirs.writes == step + 1
+        assert torch.equal(mine.codes.view(torch.uint8), theirs.codes.view(torch.uint8))
+        assert torch.equal(mine.scales, theirs.scales)
+
+
+@pytest.mark.parametrize(
+    ("impl", "hparams"),
+    [("fused", {"momentum": 0.0}), ("loop", {"momentum": 0.9}), ("foreach", {"momentum": 0.9})],
+)
+def test_the_fused_sgd_step_declines_and_changes_nothing(
+    impl: str, hparams: dict[str, Any]
+) -> None:
+    param = torch.nn.Parameter(torch.randn(10_000))
+    param.grad = torch.randn(10_000)
+    optimizer = optiplug.create(
+        "sgd", [param], impl=impl, lr=0.1, state_precision="int8", **hparams
+    )
+    optimizer.step()
+    value = param.detach().clone()
+    assert native_adam.fused_sgd_step(optimizer, optimizer.param_groups[0], param) is False
+    assert torch.equal(param.detach(), value)
+
+
 def _counting(optimizer: torch.optim.Optimizer) -> list[bool]:
     """Step ``optimizer`` once with the fused step's answers recorded; returns them."""
     answers: list[bool] = []
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    original = native_adam.fused_sgd_step if sgd else native_adam.fused_adam_step
 
     def counted(*args: Any) -> bool:
-        answers.append(native_adam.fused_adam_step(*args))
+        answers.append(original(*args))
         return answers[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(optiplug.base, "fused_adam_step", counted)
+        patch.setattr(optiplug.base, "fused_sgd_step" if sgd else "fused_adam_step", counted)
         optimizer.step()
     return answers
 
@@ -363,3 +429,21 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(first.state[p_first][key].codes, second.state[p_second][key].codes)
             assert torch.equal(first.state[p_first][key].scales, second.state[p_second][key].scales)
+    for precision in ("int8", "int4", "bf16"):
+        params = [torch.nn.Parameter(torch.randn(9_000, generator=torch.Generator().manual_seed(5)))
+                  for _ in range(2)]  # fmt: skip
+        buffers = []
+        for param in params:
+            param.grad = torch.randn(9_000, generator=torch.Generator().manual_seed(6))
+            sgd = optiplug.create("sgd", [param], impl="fused", lr=0.1, momentum=0.9,
+                                  nesterov=True, state_precision=precision)  # fmt: skip
+            sgd.step()
+            buffers.append((sgd, sgd.state[param]["momentum_buffer"]))
+        scalars = native_adam._sgd_scalars(buffers[0][0].param_groups[0])
+        for chosen, param, (_, buffer) in zip((kernel, other), params, buffers, strict=True):
+            chosen.sgd_step(param.detach(), param.grad, buffer, scalars)
+        assert torch.equal(params[0], params[1])
+        assert torch.equal(
+            buffers[0][1].codes.view(torch.uint8), buffers[1][1].codes.view(torch.uint8)
+        )
+        assert torch.equal(buffers[0][1].scales, buffers[1][1].scales)

@@ -78,7 +78,7 @@ from ._state.codec import (
     step_in_state_precision,
 )
 from ._state.load import load_state_dict
-from ._state.native_adam import fused_adam_step
+from ._state.native_adam import fused_adam_step, fused_sgd_step
 from ._state.values import copied_tensor, is_subclass_tensor
 from .errors import HyperparameterError
 from .validators import reject_unknown
@@ -577,6 +577,17 @@ class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
         raise NotImplementedError
 
 
+def _fused_step_of(
+    optimizer: torch.optim.Optimizer,
+) -> Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None:
+    """The C step of ``optimizer``'s low-precision state: Adam's, AdamW's, SGD's, or None."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return fused_adam_step
+    if isinstance(optimizer, torch.optim.SGD):
+        return fused_sgd_step
+    return None
+
+
 class TorchBackedOptimizer(_ContractOptimizer):
     """Mixin for an optimizer that is torch's own class plus optiplug's contract.
 
@@ -640,7 +651,7 @@ class TorchBackedOptimizer(_ContractOptimizer):
         self._take_measured_choice()
         loss = closure_loss(closure)
         torch_step = super().step
-        fused = fused_adam_step if isinstance(self, (torch.optim.Adam, torch.optim.AdamW)) else None
+        fused = _fused_step_of(self)
         cautious_weight_decay(
             self, lambda: step_in_state_precision(self, torch_step, self.second_moments, fused)
         )
