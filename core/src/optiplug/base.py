@@ -79,6 +79,12 @@ from ._state.codec import (
 )
 from ._state.load import load_state_dict
 from ._state.native_adam import fused_adam_step, fused_sgd_step
+from ._state.native_state import (
+    StateKernel,
+    StateKernelSource,
+    build_state_kernel,
+    state_kernel_or_none,
+)
 from ._state.values import copied_tensor, is_subclass_tensor
 from .errors import HyperparameterError
 from .validators import reject_unknown
@@ -91,11 +97,14 @@ __all__ = [
     "NamedParamGroup",
     "Prepared",
     "QuantizedState",
+    "StateKernel",
+    "StateKernelSource",
     "Supports",
     "TorchBackedOptimizer",
     "ValidatedLoading",
     "accepts_prepared",
     "build_c_library",
+    "build_state_kernel",
     "caller_stacklevel",
     "cautious_weight_decay",
     "choose_implementation",
@@ -126,6 +135,9 @@ Prepared.__module__ = __name__  # the public path, for pickles and docs
 QuantizedState.__module__ = __name__  # checkpoints record the class by its public path
 convert_state.__module__ = __name__
 step_in_state_precision.__module__ = __name__
+StateKernel.__module__ = __name__
+StateKernelSource.__module__ = __name__
+build_state_kernel.__module__ = __name__
 accepts_prepared.__module__ = __name__
 NativeLibrary.__module__ = __name__
 build_c_library.__module__ = __name__
@@ -1101,7 +1113,12 @@ class KernelTableOptimizer(_ContractOptimizer):
       between steps once the measurement is done;
     * :attr:`zero_state`: per-parameter state tensors, created as zeros like
       the parameter on its first step and passed, in this order, after
-      ``params`` and ``grads``.
+      ``params`` and ``grads``;
+    * :attr:`state_kernel` (optional): the update of one element in C
+      (:class:`StateKernelSource`) with :meth:`_state_kernel_scalars`: with
+      ``impl="fused"`` a parameter whose state is stored in int8, int4 or
+      bf16 then steps in one C pass over its codes (:func:`build_state_kernel`)
+      instead of being decoded, stepped by the kernel and encoded.
 
     The constructor validates the hyperparameters (top level and per param
     group), then uses ``impl`` if given or :func:`choose_implementation`.
@@ -1133,6 +1150,7 @@ class KernelTableOptimizer(_ContractOptimizer):
     descriptions: ClassVar[Mapping[str, str]] = {}
     compiled: ClassVar[frozenset[str]] = frozenset()
     zero_state: ClassVar[tuple[str, ...]] = ()
+    state_kernel: ClassVar[StateKernelSource | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -1278,8 +1296,42 @@ class KernelTableOptimizer(_ContractOptimizer):
         """
         self._take_measured_choice()
         loss = closure_loss(closure)
-        step_in_state_precision(self, self._kernel_step, self.second_moments)
+        state_step = self._state_kernel_step if self.state_kernel is not None else None
+        step_in_state_precision(self, self._kernel_step, self.second_moments, state_step)
         return loss
+
+    def _state_kernel_scalars(self, group: dict[str, Any]) -> Mapping[str, float] | None:
+        """The scalars :attr:`state_kernel` reads for ``group``; None declines the C step.
+
+        Override it with :attr:`state_kernel` (the base has no scalars to give).
+
+        Args:
+            group: one of ``self.param_groups``.
+        """
+        return None
+
+    def _state_kernel_step(
+        self, optimizer: torch.optim.Optimizer, group: dict[str, Any], param: torch.Tensor
+    ) -> bool:
+        """Step ``param`` on its stored state by :attr:`state_kernel`; False changes nothing.
+
+        It applies with ``impl="fused"`` (``loop`` and ``foreach`` keep the
+        kernels' own arithmetic on the decoded state), a float32 CPU
+        parameter with a dense gradient, every slot already stored in one
+        low precision, and scalars from :meth:`_state_kernel_scalars`.
+        """
+        source = self.state_kernel
+        if source is None or self._impl != "fused" or torch.compiler.is_compiling():
+            return False
+        state = self.state.get(param)
+        slots = [state.get(name) for name in source.slots] if state else []
+        grad = param.grad
+        scalars = self._state_kernel_scalars(group)
+        kernel = state_kernel_or_none(source) if scalars is not None else None
+        if kernel is None or grad is None or not kernel.applies(param, grad, slots):
+            return False
+        kernel.step(param, grad, slots, scalars)  # type: ignore[arg-type]  # applies() checked them
+        return True
 
     def _kernel_step(self) -> None:
         """The chosen kernel over every group of ``self.param_groups``."""

@@ -8,7 +8,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from optiplug.base import Kernel, KernelTableOptimizer, Supports, foreach_supported
+from optiplug.base import (
+    Kernel,
+    KernelTableOptimizer,
+    StateKernelSource,
+    Supports,
+    foreach_supported,
+)
 
 from .config import LionConfig
 from .functional import LionHyper, lion_foreach, lion_fused, lion_loop
@@ -30,6 +36,19 @@ def fused_supported(params: Sequence[Tensor]) -> bool:
         p.layout is torch.strided and p.dtype in _FLOATING and not hasattr(p, "to_local")
         for p in params
     )
+
+
+LION_STATE_UPDATE = """
+const float keep1 = 1.0f - b1, keep2 = 1.0f - b2, lrwd = lr * wd, other = 1.0f - cautious;
+const float gi = grad * dir, mi = exp_avg, pi = param;
+const float c = mi * b1 + gi * keep1;
+const float update = (float)((c > 0) - (c < 0));
+const float mask = update * pi >= 0 ? 1.0f : other;
+param = pi * (1.0f - lrwd * mask) - lr * update;
+exp_avg = mi + keep2 * (gi - mi);
+"""
+"""Lion's update of one element on int8/int4/bf16 momentum: the arithmetic of the fused
+C kernel (:mod:`optiplug_lion.native`) for float32, in the same order."""
 
 
 class Lion(KernelTableOptimizer):
@@ -70,7 +89,23 @@ class Lion(KernelTableOptimizer):
     descriptions: ClassVar[Mapping[str, str]] = {n: d for n, (_, d) in IMPLEMENTATIONS.items()}
     zero_state = ("exp_avg",)
     compiled: ClassVar[frozenset[str]] = frozenset({"fused"})
+    state_kernel: ClassVar[StateKernelSource | None] = StateKernelSource(
+        name="optiplug-lion-state",
+        update=LION_STATE_UPDATE,
+        slots=("exp_avg",),
+        scalars=("lr", "wd", "b1", "b2", "dir", "cautious"),
+    )
 
     def _kernel_options(self, group: dict[str, Any]) -> dict[str, Any]:
         """The kernels take the group's hyperparameters packed in one :class:`LionHyper`."""
         return {"hyper": LionHyper.from_group(group)}
+
+    def _state_kernel_scalars(self, group: dict[str, Any]) -> Mapping[str, float] | None:
+        """The C state step's scalars; None (the decode-step-encode path) for a tensor lr."""
+        hyper = LionHyper.from_group(group)
+        if isinstance(hyper.lr, Tensor):
+            return None
+        return {
+            "lr": hyper.lr, "wd": hyper.weight_decay, "b1": hyper.beta1, "b2": hyper.beta2,
+            "dir": -1.0 if hyper.maximize else 1.0, "cautious": float(hyper.cautious),
+        }  # fmt: skip

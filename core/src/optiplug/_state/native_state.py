@@ -1,0 +1,252 @@
+"""An elementwise optimizer's step on low-precision state, generated in C from its update.
+
+A third-party elementwise optimizer gets what ``adamw`` has: one C pass per
+parameter over the codec's blocks, each block's slots decoded into small
+buffers, the update applied element by element, and the slots encoded back
+(int8, int4) or rounded stochastically (bf16) with the codec's own tables
+and bits, so the result equals decoding, updating and encoding the whole
+tensors. The algorithm supplies only the update of one element, in C
+(:class:`StateKernelSource`); :func:`build_state_kernel` wraps it in the
+codec's loops (those of :mod:`.native_adam`) and builds it with
+:func:`optiplug.base.build_c_library`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from .._native import build_c_library
+from ..errors import NativeBuildError
+from .codec import QuantizedState, seed_term
+from .native_adam import _SOURCE as _CODEC_SOURCE
+from .native_adam import _dense_cpu_float, _fits, _slot_tables
+from .precision import CODE_BITS
+
+__all__ = ["StateKernel", "StateKernelSource", "build_state_kernel", "state_kernel_or_none"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED = frozenset({"param", "grad", "j", "count"})
+
+
+def _c_names(names: Any, field: str) -> tuple[str, ...]:
+    """``names`` as a tuple of distinct C identifiers (``slots``: at least one).
+
+    Raises:
+        ValueError: naming ``field`` and its value.
+    """
+    found = tuple(names)
+    valid = all(isinstance(n, str) and _NAME.match(n) and n not in _RESERVED for n in found)
+    if not valid or len(set(found)) != len(found) or (field == "slots" and not found):
+        raise ValueError(
+            f"StateKernelSource.{field}={found!r}: expected distinct C identifiers other than "
+            f"{', '.join(sorted(_RESERVED))}" + (", at least one" if field == "slots" else "")
+        )
+    return found
+
+
+def _slot_names(names: Any) -> tuple[str, ...]:
+    return _c_names(names, "slots")
+
+
+def _scalar_names(names: Any) -> tuple[str, ...]:
+    return _c_names(names, "scalars")
+
+
+@attrs.frozen
+class StateKernelSource:
+    """The update of one element, in C, of an elementwise optimizer's step.
+
+    The body runs once per element with ``float param`` and ``const float
+    grad`` in scope, one ``float`` variable per state slot named as the slot
+    (its decoded value), and one ``const float`` per scalar; it assigns the
+    new ``param`` and slot values. It is compiled as C11 with IEEE
+    arithmetic (no fast-math, no contraction into fused multiply-adds unless
+    written as ``fmaf``), so it rounds as the same float32 operations in
+    torch do.
+
+    Attributes:
+        name: names the built library (kept per machine under the cache).
+        update: the C statements.
+        slots: the state slots it updates, in the order the step passes them.
+        scalars: the per-step scalars it reads (floats), by name.
+    """
+
+    name: str
+    update: str
+    slots: tuple[str, ...] = attrs.field(converter=_slot_names)
+    scalars: tuple[str, ...] = attrs.field(converter=_scalar_names)
+
+    def c_source(self) -> str:
+        """The complete C source: the codec's loops around :attr:`update`."""
+        fields = "".join(f"  float {name};\n" for name in self.scalars) or "  float unused_;\n"
+        scalars = "".join(f"  const float {name} = h->{name};\n" for name in self.scalars)
+        pointers = ", ".join(f"float *restrict s{i}_" for i in range(len(self.slots)))
+        load = "".join(f"    float {n} = s{i}_[j];\n" for i, n in enumerate(self.slots))
+        store = "".join(f"    s{i}_[j] = {n};\n" for i, n in enumerate(self.slots))
+        buffers = ", ".join(f"buf[{i}]" for i in range(len(self.slots)))
+        return _CODEC_SOURCE + _TEMPLATE.format(
+            fields=fields, scalars=scalars, pointers=pointers, load=load, store=store,
+            update=self.update, slots=len(self.slots), buffers=buffers,
+        )  # fmt: skip
+
+
+_TEMPLATE = r"""
+typedef struct {{
+{fields}}} optiplug_state_scalars;
+
+static inline void state_update(float *restrict p_, const float *restrict g_, int count,
+                                {pointers}, const optiplug_state_scalars *h) {{
+{scalars}  for (int j = 0; j < count; j++) {{
+    float param = p_[j];
+    const float grad = g_[j];
+{load}    {{
+{update}
+    }}
+    p_[j] = param;
+{store}  }}
+}}
+
+void optiplug_state_step(float *restrict p, const float *restrict g, int64_t n, int bits,
+                         uint8_t *const *codes, float *const *scales, uint16_t *const *halves,
+                         const uint32_t *seeds, const optiplug_codes *const *tables,
+                         const optiplug_state_scalars *h, int threads) {{
+  const int block = bits == 4 ? 128 : 256;  /* bits 16: bf16, blocks of 256 */
+  const int64_t blocks = (n + block - 1) / block;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {{
+    const int64_t start = b * block;
+    const int count = (int)(n - start < block ? n - start : block);
+    float buf[{slots}][256];
+    for (int s = 0; s < {slots}; s++) {{
+      if (bits == 16) {{
+        for (int j = 0; j < count; j++) buf[s][j] = float_of((uint32_t)halves[s][start + j] << 16);
+      }} else {{
+        decode(codes[s] + start * bits / 8, bits, block, scales[s][b], tables[s]->table, buf[s]);
+      }}
+    }}
+    state_update(p + start, g + start, count, {buffers}, h);
+    for (int s = 0; s < {slots}; s++) {{
+      if (bits == 16) {{
+        for (int j = 0; j < count; j++)
+          halves[s][start + j] = bf16_rounded(buf[s][j], (uint32_t)(start + j), seeds[s]);
+        continue;
+      }}
+      for (int j = count; j < block; j++) buf[s][j] = 0.0f;  /* the encoder's zero padding */
+      scales[s][b] = block_scale(buf[s], block);
+      encode(buf[s], bits, block, scales[s][b], tables[s], codes[s] + start * bits / 8);
+    }}
+  }}
+}}
+"""
+
+
+class StateKernel:
+    """A built :class:`StateKernelSource`: steps one parameter on its stored slots."""
+
+    def __init__(self, source: StateKernelSource, library: Any) -> None:
+        self.source = source
+        self._scalars_type = type(
+            "Scalars",
+            (ctypes.Structure,),
+            {"_fields_": [(n, ctypes.c_float) for n in source.scalars or ("unused_",)]},
+        )
+        pointer = ctypes.c_void_p
+        self._step = library.function(
+            "optiplug_state_step",
+            [pointer, pointer, ctypes.c_int64, ctypes.c_int, pointer, pointer, pointer,
+             pointer, pointer, ctypes.POINTER(self._scalars_type), ctypes.c_int],
+        )  # fmt: skip
+
+    def applies(self, param: torch.Tensor, grad: torch.Tensor, slots: Sequence[Any]) -> bool:
+        """Whether :meth:`step` can take these: float32 CPU tensors, slots stored alike.
+
+        Every slot must be a :class:`~optiplug.base.QuantizedState` of
+        ``param``'s shape in one precision (int8, int4 or bf16), laid out as
+        the codec writes it.
+        """
+        if len(slots) != len(self.source.slots) or not _dense_cpu_float(param, grad):
+            return False
+        if not all(isinstance(slot, QuantizedState) for slot in slots):
+            return False
+        precision = slots[0].precision
+        return all(_fits(slot, precision, slot.signed, param) for slot in slots)
+
+    def step(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        slots: Sequence[QuantizedState],
+        scalars: Mapping[str, float],
+    ) -> None:
+        """Update ``param`` and ``slots`` in place (each slot's ``writes`` grows by one).
+
+        Args:
+            param: the parameter (what :meth:`applies` accepts).
+            grad: its gradient.
+            slots: the stored slots, in :attr:`StateKernelSource.slots` order.
+            scalars: a float for every name of :attr:`StateKernelSource.scalars`.
+
+        Raises:
+            ValueError: tensors :meth:`applies` refuses, or scalars missing or extra.
+        """
+        if not self.applies(param, grad, slots):
+            raise ValueError(f"{self.source.name}: these tensors cannot take the C state step")
+        if set(scalars) != set(self.source.scalars):
+            raise ValueError(f"{self.source.name}: scalars {sorted(scalars)} are not "
+                             f"{sorted(self.source.scalars)}")  # fmt: skip
+        precision = slots[0].precision
+        bits = 16 if precision == "bf16" else CODE_BITS[precision]
+        count = len(slots)
+        empty = torch.empty(0)
+        tables = [_slot_tables(8 if bits == 16 else bits, slot.signed) for slot in slots]
+        codes = [empty if bits == 16 else slot.codes for slot in slots]
+        scales = [empty if bits == 16 else slot.scales for slot in slots]
+        halves = [slot.codes if bits == 16 else empty for slot in slots]
+        arrays = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in kind))
+                  for kind in (codes, scales, halves)]  # fmt: skip
+        seeds = (ctypes.c_uint32 * count)(*(seed_term(slot.writes + 1) for slot in slots))
+        table_pointers = (ctypes.c_void_p * count)(
+            *(ctypes.addressof(table.codes) for table in tables)
+        )
+        values = self._scalars_type(**{name: float(scalars[name]) for name in self.source.scalars})
+        self._step(
+            param.data_ptr(), grad.data_ptr(), param.numel(), bits, *arrays, seeds,
+            table_pointers, ctypes.byref(values), torch.get_num_threads(),
+        )  # fmt: skip
+        for slot in slots:
+            slot.writes += 1
+
+
+@functools.cache
+def build_state_kernel(source: StateKernelSource) -> StateKernel:
+    """``source`` built (once per process, kept per machine).
+
+    Args:
+        source: the update and the slots and scalars it names.
+
+    Returns:
+        The kernel.
+
+    Raises:
+        NativeBuildError: no C compiler, a failed build (the compiler's
+            message names the line of the update), or ``OPTIPLUG_NATIVE=0``.
+            An optimizer then steps through the codec's decode-step-encode
+            path (:func:`state_kernel_or_none`).
+    """
+    return StateKernel(source, build_c_library(source.c_source(), name=source.name))
+
+
+@functools.cache
+def state_kernel_or_none(source: StateKernelSource) -> StateKernel | None:
+    """:func:`build_state_kernel`, or None where it cannot be built (tried once per process)."""
+    try:
+        return build_state_kernel(source)
+    except NativeBuildError:
+        return None
