@@ -19,41 +19,27 @@ to ``results1.pt``):
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import optiplug
 from optiplug._train.model import CharTransformer, next_token_loss
 
-TIMEOUT = datetime.timedelta(seconds=60)
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_worker import Windows
+from rank_processes import join_gloo, leave, worker_arguments
+
 VOCAB, BLOCK, LAYERS, WIDTH, HEADS = 11, 8, 1, 64, 2
 MIN_PARAMS = 1000
 PER_RANK = 4  # windows per rank and step: the global batch is 8
 LR = 1e-2
 STEPS = 3
 MATRIX = "blocks.0.fc.weight"  # 256 x 64: each rank's shard is 32 whole int8 blocks
-
-
-class Windows(Dataset[dict[str, torch.Tensor]]):
-    """64 fixed random windows of BLOCK + 1 token ids."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(3)
-        self.rows = torch.randint(0, VOCAB, (64, BLOCK + 1), generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"tokens": self.rows[index, :-1], "targets": self.rows[index, 1:]}
 
 
 def model() -> CharTransformer:
@@ -144,20 +130,10 @@ def cross(out: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world"):
-        parser.add_argument(name, type=int)
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args()
+    rank, world, out = worker_arguments()
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo",
-        init_method=f"file://{args.out / 'rendezvous'}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=TIMEOUT,
-    )
+    join_gloo(out, rank, world)
     results: dict[str, Any] = {}
     for precision in ("int8", "int4", "bf16"):
         built = graph(precision)
@@ -166,19 +142,14 @@ def main() -> int:
         results[f"slots/{precision}"] = slots(built)
         report = optiplug.memory(built.optimizer)
         results[f"memory/{precision}"] = {"total": report.total, "by_slot": dict(report.by_slot)}
-    results["resume"] = resume(args.out)
-    results["cross"] = cross(args.out)
-    results["sizes"] = {name: size(args.out / name) for name in ("int8", "fp32")}
-    torch.save(results, args.out / f"results{args.rank}.pt")
+    results["resume"] = resume(out)
+    results["cross"] = cross(out)
+    results["sizes"] = {name: size(out / name) for name in ("int8", "fp32")}
+    torch.save(results, out / f"results{rank}.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    # Gloo's threads can still hold tensors at interpreter finalization, which then
-    # aborts a finished rank; leave without it (everything is written).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(main())

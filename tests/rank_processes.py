@@ -56,3 +56,37 @@ def run_ranks(
             process.kill()
             results.append((None, process.communicate()[1]))
     return results
+
+
+# ------------------------------------------------------------------ inside a worker
+def worker_arguments() -> tuple[int, int, Path]:
+    """A worker's ``RANK WORLD OUT_DIR`` command line, as :func:`run_ranks` passes it."""
+    rank, world, out = sys.argv[1:4]
+    return int(rank), int(world), Path(out)
+
+
+def join_gloo(out: Path, rank: int, world: int, timeout_seconds: float = 60) -> None:
+    """Join the gloo process group of ``world`` ranks that meet through a file store in ``out``."""
+    import datetime
+
+    import torch.distributed
+
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"file://{out / 'rendezvous'}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_seconds),
+    )
+
+
+def leave(code: int) -> None:
+    """End a worker whose results are written and whose process group is destroyed.
+
+    Gloo's threads can still hold tensors at interpreter finalization, which
+    then aborts a finished rank ("terminate called without an active
+    exception"); the worker leaves without finalizing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

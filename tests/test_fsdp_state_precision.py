@@ -52,7 +52,7 @@ def reference(precision: str, steps: int = worker.STEPS) -> optiplug.Graph:
     """The worker's training in one process on the global batches (8 windows each)."""
     graph = optiplug.Graph(worker.model())
     graph.set_optimizer("adamw", impl="loop", lr=worker.LR, state_precision=precision)
-    rows = worker.Windows().rows
+    rows = worker.Windows().rows  # the same windows as tests/fsdp_worker.py's
     for step in range(steps):
         batch = rows[8 * step : 8 * step + 8]
         graph.backward(next_token_loss(graph.module(batch[:, :-1]), batch[:, 1:]))
