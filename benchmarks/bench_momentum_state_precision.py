@@ -3,8 +3,8 @@
 16 float32 matrices of 2048 x 2048 (64M parameters), fixed gradients, 2 warm
 steps each, then 4 interleaved rounds of one step per optimizer; the median
 step of each state precision and its ratio to the same algorithm's fp32 step.
-int8, int4 and bf16 take the C step on the codes: ``lion`` through its
-:class:`optiplug.base.StateKernelSource`, ``sgd`` through the core's.
+int8, int4 and bf16 take the C step on the codes, each algorithm through its
+:class:`optiplug.base.StateKernelSource`.
 
 Usage: ``python benchmarks/bench_momentum_state_precision.py [--algorithm lion|sgd]``
 """

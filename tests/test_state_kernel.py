@@ -277,3 +277,21 @@ def test_a_third_party_optimizer_gets_the_c_state_step(monkeypatch: pytest.Monke
     for p, q in zip(params, twins, strict=True):
         assert torch.equal(p, q)
         assert torch.equal(_codes(fast.state[p]["exp_avg"]), _codes(slow.state[q]["exp_avg"]))
+
+
+@pytest.mark.parametrize("name", ["lion", "sgd"])
+def test_a_group_switched_to_another_precision_is_converted_not_stepped_in_the_old(
+    name: str,
+) -> None:
+    """The C step takes slots stored in the group's precision only; others go the decoding way."""
+    param = torch.nn.Parameter(torch.randn(8192))
+    param.grad = torch.randn(8192)
+    hparams = {"momentum": 0.9} if name == "sgd" else {}
+    optimizer = optiplug.create(name, [param], impl="fused", state_precision="int8", **hparams)
+    optimizer.step()
+    optimizer.param_groups[0]["state_precision"] = "int4"
+    optimizer.step()
+    slot = next(iter(optimizer.state[param].values()))
+    assert isinstance(slot, QuantizedState) and slot.precision == "int4"
+    optimizer.step()  # now stored in the group's precision: the C step keeps it there
+    assert next(iter(optimizer.state[param].values())).precision == "int4"

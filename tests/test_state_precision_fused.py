@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import optiplug
 import optiplug.base
-from optiplug._state import native_adam
+from optiplug._state import native_adam, native_state
 from optiplug._state.codec import QuantizedState, _encode_blocks, code_tables
 from optiplug._state.precision import BLOCK_SIZES, CODE_BITS
 
@@ -152,14 +152,31 @@ def test_the_fused_step_matches_the_slow_path(
     expected, update, _, _ = _float64_step(fast, p_fast, grad)
     before = {key: fast.state[p_fast][key].dequantize() for key in ("exp_avg", "exp_avg_sq")}
     effective = grad if weight_decay == 0 or name == "adamw" else grad + weight_decay * p_fast
+    bound = _step_both(fast, slow, p_fast, p_slow, update)
+    assert torch.all((p_fast.detach().double() - expected).abs() <= bound.double())
+    _assert_close_states(fast.state[p_fast], slow.state[p_slow], before, effective.detach())
+
+
+def _step_both(
+    fast: torch.optim.Optimizer,
+    slow: torch.optim.Optimizer,
+    p_fast: torch.Tensor,
+    p_slow: torch.Tensor,
+    update: torch.Tensor,
+) -> torch.Tensor:
+    """Step ``fast`` (by the C step, checked) and ``slow`` (decode, torch's step, encode).
+
+    Returns:
+        The bound the parameters were checked to agree within: 8 ulps of the
+        parameter and of the update's terms (``update``, see :func:`_float64_step`).
+    """
     calls = _counting(fast)
     with _slow_path():
         slow.step()
     assert calls == [True]
     bound = 8 * EPS32 * (p_slow.detach().abs() + update.float()) + 1e-30
     assert torch.all((p_fast.detach() - p_slow.detach()).abs() <= bound)
-    assert torch.all((p_fast.detach().double() - expected).abs() <= bound.double())
-    _assert_close_states(fast.state[p_fast], slow.state[p_slow], before, effective.detach())
+    return bound
 
 
 def _within_one_bf16_step(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
@@ -194,12 +211,7 @@ def test_the_fused_bf16_step_matches_the_slow_path(
         grad = torch.randn(numel, generator=torch.Generator().manual_seed(seed + 1))
         p_fast.grad, p_slow.grad = grad.clone(), grad.clone()
         _, update, _, _ = _float64_step(fast, p_fast, grad)
-        calls = _counting(fast)
-        with _slow_path():
-            slow.step()
-        assert calls == [True]
-        bound = 8 * EPS32 * (p_slow.detach().abs() + update.float()) + 1e-30
-        assert torch.all((p_fast.detach() - p_slow.detach()).abs() <= bound)
+        _step_both(fast, slow, p_fast, p_slow, update)
         for key in ("exp_avg", "exp_avg_sq"):
             mine, theirs = fast.state[p_fast][key], slow.state[p_slow][key]
             assert mine.precision == "bf16" and mine.writes == theirs.writes
@@ -289,7 +301,7 @@ def test_the_fused_sgd_step_declines_and_changes_nothing(
     )
     optimizer.step()
     value = param.detach().clone()
-    assert native_adam.fused_sgd_step(optimizer, optimizer.param_groups[0], param) is False
+    assert native_state.fused_sgd_step(optimizer, optimizer.param_groups[0], param) is False
     assert torch.equal(param.detach(), value)
 
 
@@ -297,7 +309,7 @@ def _counting(optimizer: torch.optim.Optimizer) -> list[bool]:
     """Step ``optimizer`` once with the fused step's answers recorded; returns them."""
     answers: list[bool] = []
     sgd = isinstance(optimizer, torch.optim.SGD)
-    original = native_adam.fused_sgd_step if sgd else native_adam.fused_adam_step
+    original = native_state.fused_sgd_step if sgd else native_adam.fused_adam_step
 
     def counted(*args: Any) -> bool:
         answers.append(original(*args))
@@ -413,9 +425,11 @@ def test_the_step_encodes_as_the_codec_does(precision: str, signed: bool) -> Non
 )
 def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> None:
     """The AVX2 and plain C loops (built here by hiding the CPU's features) match, bit for bit."""
-    source = "".join(f"#undef {name}\n" for name in without) + native_adam._SOURCE
+    hidden = "".join(f"#undef {feature}\n" for feature in without)
     name = "optiplug-adam-test-" + str(len(without))
-    other = native_adam.NativeAdam(optiplug.base.build_c_library(source, name=name))
+    other = native_adam.NativeAdam(
+        optiplug.base.build_c_library(hidden + native_adam._SOURCE, name=name)
+    )
     kernel = native_adam.native_adam()
     assert kernel is not None
     for precision in ("int8", "int4", "bf16"):
@@ -429,6 +443,11 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(first.state[p_first][key].codes, second.state[p_second][key].codes)
             assert torch.equal(first.state[p_first][key].scales, second.state[p_second][key].scales)
+    sgd_kernels = (
+        native_state.build_state_kernel(native_state.SGD_STATE),
+        native_state.StateKernel(native_state.SGD_STATE, optiplug.base.build_c_library(
+            hidden + native_state.SGD_STATE.c_source(), name=name + "-sgd")),
+    )  # fmt: skip
     for precision in ("int8", "int4", "bf16"):
         params = [torch.nn.Parameter(torch.randn(9_000, generator=torch.Generator().manual_seed(5)))
                   for _ in range(2)]  # fmt: skip
@@ -439,9 +458,9 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
                                   nesterov=True, state_precision=precision)  # fmt: skip
             sgd.step()
             buffers.append((sgd, sgd.state[param]["momentum_buffer"]))
-        scalars = native_adam._sgd_scalars(buffers[0][0].param_groups[0])
-        for chosen, param, (_, buffer) in zip((kernel, other), params, buffers, strict=True):
-            chosen.sgd_step(param.detach(), param.grad, buffer, scalars)
+        scalars = native_state._sgd_scalars(buffers[0][0].param_groups[0])
+        for chosen, param, (_, buffer) in zip(sgd_kernels, params, buffers, strict=True):
+            chosen.step(param.detach(), param.grad, [buffer], scalars)
         assert torch.equal(params[0], params[1])
         assert torch.equal(
             buffers[0][1].codes.view(torch.uint8), buffers[1][1].codes.view(torch.uint8)

@@ -75,14 +75,16 @@ from ._state.codec import (
     SECOND_MOMENTS,
     QuantizedState,
     convert_state,
+    group_precision,
     step_in_state_precision,
 )
 from ._state.load import load_state_dict
-from ._state.native_adam import fused_adam_step, fused_sgd_step
+from ._state.native_adam import fused_adam_step
 from ._state.native_state import (
     StateKernel,
     StateKernelSource,
     build_state_kernel,
+    fused_sgd_step,
     state_kernel_or_none,
 )
 from ._state.values import copied_tensor, is_subclass_tensor
@@ -1317,8 +1319,9 @@ class KernelTableOptimizer(_ContractOptimizer):
 
         It applies with ``impl="fused"`` (``loop`` and ``foreach`` keep the
         kernels' own arithmetic on the decoded state), a float32 CPU
-        parameter with a dense gradient, every slot already stored in one
-        low precision, and scalars from :meth:`_state_kernel_scalars`.
+        parameter with a dense gradient, every slot already stored in the
+        group's ``state_precision`` (otherwise the decoding path converts
+        it), and scalars from :meth:`_state_kernel_scalars`.
         """
         source = self.state_kernel
         if source is None or self._impl != "fused" or torch.compiler.is_compiling():
@@ -1328,7 +1331,8 @@ class KernelTableOptimizer(_ContractOptimizer):
         grad = param.grad
         scalars = self._state_kernel_scalars(group)
         kernel = state_kernel_or_none(source) if scalars is not None else None
-        if kernel is None or grad is None or not kernel.applies(param, grad, slots):
+        precision = group_precision(group)
+        if kernel is None or grad is None or not kernel.applies(param, grad, slots, precision):
             return False
         kernel.step(param, grad, slots, scalars)  # type: ignore[arg-type]  # applies() checked them
         return True

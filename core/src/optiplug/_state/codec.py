@@ -534,7 +534,7 @@ def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.
     if is_dtensor(value):
         small = value.numel() < MIN_QUANTIZED_NUMEL
         chosen = "fp32" if small else precision
-        local = value._local_tensor  # type: ignore[attr-defined]  # DTensor's own shard
+        local = local_of(value)
         converted = _in_precision_local(local, chosen, signed, smallest=0)
         return value if converted is local else sharded_like(value, converted)
     return _in_precision_local(value, precision, signed, smallest=MIN_QUANTIZED_NUMEL)

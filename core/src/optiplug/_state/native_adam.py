@@ -1,4 +1,4 @@
-"""Adam, AdamW and SGD-with-momentum steps on int8, int4 or bf16 state in one C pass over blocks.
+"""Adam and AdamW steps on int8, int4 or bf16 state in one C pass over the blocks.
 
 :func:`fused_adam_step` updates one float32 parameter whose ``exp_avg`` and
 ``exp_avg_sq`` are int8 or int4 :class:`~optiplug._state.codec.QuantizedState`
@@ -31,9 +31,9 @@ shift, stepped by the same arithmetic, and rounded stochastically on write
 with the codec's hashed bits (:func:`~optiplug._state.codec.seed_term`), the
 same bits its torch path draws for that write.
 
-:func:`fused_sgd_step` does the same for SGD's momentum buffer (one signed
-slot): torch's single-tensor SGD step, weight decay and the buffer's update
-with fused multiply-adds as ATen's ``add(alpha=)`` computes them.
+The codec's loops here (decoding, block scales, encoding, bf16 rounding) are
+also what :mod:`.native_state` wraps around an elementwise optimizer's own
+update (SGD's among them).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from .codec import (
 )
 from .precision import BLOCK_SIZES, CODE_BITS
 
-__all__ = ["NativeAdam", "fused_adam_step", "fused_sgd_step", "native_adam"]
+__all__ = ["NativeAdam", "fused_adam_step", "native_adam"]
 
 _SOURCE = r"""
 #include <float.h>
@@ -289,54 +289,6 @@ void optiplug_adam_bf16_step(float *restrict p, const float *restrict g, int64_t
   }
 }
 
-/* SGD with momentum: torch's single-tensor step (weight decay and the buffer's update as
-   ATen's add(alpha=) computes them, with a fused multiply-add). */
-typedef struct {
-  float neg_lr, momentum, keep, decay;
-  int32_t maximize, nesterov, use_decay;
-} optiplug_sgd;
-
-static inline void sgd_update(float *restrict p, const float *restrict g, int count,
-                              float *restrict buf, const optiplug_sgd *h) {
-  const float neg_lr = h->neg_lr, momentum = h->momentum, keep = h->keep, decay = h->decay;
-  const int maximize = h->maximize, nesterov = h->nesterov, use_decay = h->use_decay;
-  for (int j = 0; j < count; j++) {
-    float grad = maximize ? -g[j] : g[j];
-    const float param = p[j];
-    grad = use_decay ? fmaf(param, decay, grad) : grad;
-    const float b = fmaf(grad, keep, buf[j] * momentum);
-    buf[j] = b;
-    p[j] = fmaf(nesterov ? fmaf(b, momentum, grad) : b, neg_lr, param);
-  }
-}
-
-void optiplug_sgd_step(float *restrict p, const float *restrict g, int64_t n, int bits,
-                       uint8_t *restrict codes, float *restrict scales, uint16_t *restrict b16,
-                       uint32_t seed, const optiplug_codes *c, const optiplug_sgd *h,
-                       int threads) {
-  const int block = bits == 4 ? 128 : 256;  /* bits 16: bf16, blocks of 256 */
-  const int64_t blocks = (n + block - 1) / block;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < blocks; b++) {
-    const int64_t start = b * block;
-    const int count = (int)(n - start < block ? n - start : block);
-    float buf[256];
-    if (bits == 16) {
-      for (int j = 0; j < count; j++) buf[j] = float_of((uint32_t)b16[start + j] << 16);
-      sgd_update(p + start, g + start, count, buf, h);
-      for (int j = 0; j < count; j++)
-        b16[start + j] = bf16_rounded(buf[j], (uint32_t)(start + j), seed);
-      continue;
-    }
-    uint8_t *block_codes = codes + start * bits / 8;
-    decode(block_codes, bits, block, scales[b], c->table, buf);
-    sgd_update(p + start, g + start, count, buf, h);
-    for (int j = count; j < block; j++) buf[j] = 0.0f;  /* the encoder's zero padding */
-    scales[b] = block_scale(buf, block);
-    encode(buf, bits, block, scales[b], c, block_codes);
-  }
-}
-
 void optiplug_adam_step(float *restrict p, const float *restrict g, int64_t n, int bits,
                         uint8_t *restrict m_codes, float *restrict m_scales,
                         uint8_t *restrict v_codes, float *restrict v_scales,
@@ -378,19 +330,9 @@ class _Scalars(ctypes.Structure):
     ]
 
 
-class _SgdScalars(ctypes.Structure):
-    _fields_ = [
-        *((name, ctypes.c_float) for name in ("neg_lr", "momentum", "keep", "decay")),
-        *((name, ctypes.c_int32) for name in ("maximize", "nesterov", "use_decay")),
-    ]
-
-
 _POINTER = ctypes.c_void_p
 _ENCODE_ARGS: list[Any] = [_POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
                            ctypes.POINTER(_Codes), ctypes.c_int]  # fmt: skip
-_SGD_STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
-                             _POINTER, ctypes.c_uint32, ctypes.POINTER(_Codes),
-                             ctypes.POINTER(_SgdScalars), ctypes.c_int]  # fmt: skip
 _BF16_STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER,
                               ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(_Scalars),
                               ctypes.c_int]  # fmt: skip
@@ -450,7 +392,6 @@ class NativeAdam:
     def __init__(self, library: NativeLibrary) -> None:
         self._step = library.function("optiplug_adam_step", _STEP_ARGS)
         self._bf16_step = library.function("optiplug_adam_bf16_step", _BF16_STEP_ARGS)
-        self._sgd_step = library.function("optiplug_sgd_step", _SGD_STEP_ARGS)
         self._encode = library.function("optiplug_adam_encode", _ENCODE_ARGS)
 
     def encode(
@@ -515,39 +456,6 @@ class NativeAdam:
             ctypes.byref(_Scalars(**scalars)), torch.get_num_threads(),
         )  # fmt: skip
 
-    def sgd_step(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        buffer: QuantizedState,
-        scalars: dict[str, Any],
-    ) -> None:
-        """One SGD-with-momentum step on contiguous float32 ``param`` and ``grad``.
-
-        Args:
-            param: the parameter, updated in place.
-            grad: its gradient.
-            buffer: the momentum buffer (int8, int4 or bf16), updated in place.
-            scalars: the fields of the C structure of the step's scalars.
-        """
-        empty = torch.empty(0)
-        if buffer.precision == "bf16":
-            bits, codes, scales, halves = 16, empty, empty, buffer.codes
-            tables = ctypes.byref(_slot_tables(8, True).codes)  # unread
-        else:
-            bits, codes, scales, halves = (
-                CODE_BITS[buffer.precision],
-                buffer.codes,
-                buffer.scales,
-                empty,
-            )
-            tables = ctypes.byref(_slot_tables(bits, True).codes)
-        self._sgd_step(
-            param.data_ptr(), grad.data_ptr(), param.numel(), bits, codes.data_ptr(),
-            scales.data_ptr(), halves.data_ptr(), seed_term(buffer.writes + 1), tables,
-            ctypes.byref(_SgdScalars(**scalars)), torch.get_num_threads(),
-        )  # fmt: skip
-
 
 @functools.cache
 def native_adam() -> NativeAdam | None:
@@ -590,66 +498,6 @@ def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], par
     for slot in slots:
         slot.writes += 1
     return True
-
-
-def fused_sgd_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
-    """One SGD step of ``param`` on its int8/int4/bf16 momentum buffer in place, when it applies.
-
-    The step is torch's single-tensor one (``maximize``, weight decay,
-    ``dampening``, ``nesterov``); the buffer's ``writes`` grows by one, as a
-    store does. Without momentum there is no state, and the torch step runs.
-
-    Args:
-        optimizer: a ``torch.optim.SGD`` whose state is low precision.
-        group: ``param``'s group (its hyperparameters are read).
-        param: the parameter, with a gradient.
-
-    Returns:
-        False, having changed nothing, when the C step does not apply (as for
-        :func:`fused_adam_step`, or no momentum buffer yet); True when it stepped.
-    """
-    if torch.compiler.is_compiling() or not _plain_sgd_group(optimizer, group):
-        return False
-    state = optimizer.state.get(param)
-    buffer = state.get("momentum_buffer") if state else None
-    grad = param.grad
-    if not isinstance(buffer, QuantizedState) or grad is None:
-        return False
-    precision = group_precision(group)
-    if not _dense_cpu_float(param, grad) or not _fits(buffer, precision, True, param):
-        return False
-    kernel = native_adam()
-    if kernel is None:
-        return False
-    kernel.sgd_step(param, grad, buffer, _sgd_scalars(group))
-    buffer.writes += 1
-    return True
-
-
-def _plain_sgd_group(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
-    """Whether ``group`` runs the fused implementation with momentum and plain-number options."""
-    if not group.get("fused") or group.get("differentiable"):
-        return False
-    if getattr(optimizer, "grad_scale", None) is not None:
-        return False
-    if getattr(optimizer, "found_inf", None) is not None:
-        return False
-    scalars = [group.get(key) for key in ("lr", "momentum", "dampening", "weight_decay")]
-    return all(isinstance(value, (int, float)) for value in scalars) and group["momentum"] != 0
-
-
-def _sgd_scalars(group: dict[str, Any]) -> dict[str, Any]:
-    """The C step's scalars: what torch's single-tensor SGD passes to ATen, as floats."""
-    decay = float(group["weight_decay"])
-    return {
-        "neg_lr": -float(group["lr"]),
-        "momentum": float(group["momentum"]),
-        "keep": 1 - float(group["dampening"]),
-        "decay": decay,
-        "maximize": int(bool(group.get("maximize"))),
-        "nesterov": int(bool(group.get("nesterov"))),
-        "use_decay": int(decay != 0),
-    }
 
 
 def _plain_group(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:

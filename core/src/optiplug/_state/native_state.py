@@ -24,12 +24,19 @@ import torch
 
 from .._native import build_c_library
 from ..errors import NativeBuildError
-from .codec import QuantizedState, seed_term
+from .codec import QuantizedState, group_precision, seed_term
 from .native_adam import _SOURCE as _CODEC_SOURCE
 from .native_adam import _dense_cpu_float, _fits, _slot_tables
 from .precision import CODE_BITS
 
-__all__ = ["StateKernel", "StateKernelSource", "build_state_kernel", "state_kernel_or_none"]
+__all__ = [
+    "SGD_STATE",
+    "StateKernel",
+    "StateKernelSource",
+    "build_state_kernel",
+    "fused_sgd_step",
+    "state_kernel_or_none",
+]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = frozenset({"param", "grad", "j", "count"})
@@ -164,19 +171,35 @@ class StateKernel:
              pointer, pointer, ctypes.POINTER(self._scalars_type), ctypes.c_int],
         )  # fmt: skip
 
-    def applies(self, param: torch.Tensor, grad: torch.Tensor, slots: Sequence[Any]) -> bool:
+    def applies(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        slots: Sequence[Any],
+        precision: str | None = None,
+    ) -> bool:
         """Whether :meth:`step` can take these: float32 CPU tensors, slots stored alike.
 
         Every slot must be a :class:`~optiplug.base.QuantizedState` of
         ``param``'s shape in one precision (int8, int4 or bf16), laid out as
         the codec writes it.
+
+        Args:
+            param: the parameter.
+            grad: its gradient.
+            slots: the stored slots, in :attr:`StateKernelSource.slots` order.
+            precision: the precision the slots must be stored in (a group's
+                ``state_precision``: slots stored in another one are for the
+                decoding path to convert); None takes the first slot's.
         """
         if len(slots) != len(self.source.slots) or not _dense_cpu_float(param, grad):
             return False
         if not all(isinstance(slot, QuantizedState) for slot in slots):
             return False
-        precision = slots[0].precision
-        return all(_fits(slot, precision, slot.signed, param) for slot in slots)
+        wanted = slots[0].precision if precision is None else precision
+        if wanted not in (*CODE_BITS, "bf16"):
+            return False
+        return all(_fits(slot, wanted, slot.signed, param) for slot in slots)
 
     def step(
         self,
@@ -250,3 +273,82 @@ def state_kernel_or_none(source: StateKernelSource) -> StateKernel | None:
         return build_state_kernel(source)
     except NativeBuildError:
         return None
+
+
+# ------------------------------------------------------------------ torch's SGD
+SGD_STATE = StateKernelSource(
+    name="optiplug-sgd-state",
+    update="""
+float d = maximize != 0.0f ? -grad : grad;
+d = use_decay != 0.0f ? fmaf(param, decay, d) : d;
+const float b = fmaf(d, keep, momentum_buffer * momentum);
+momentum_buffer = b;
+param = fmaf(nesterov != 0.0f ? fmaf(b, momentum, d) : b, neg_lr, param);
+""",
+    slots=("momentum_buffer",),
+    scalars=("neg_lr", "momentum", "keep", "decay", "maximize", "nesterov", "use_decay"),
+)
+"""torch's single-tensor SGD step of one element: weight decay, the buffer's update and
+the parameter's with fused multiply-adds, as ATen's ``add(alpha=)`` computes them."""
+
+
+def fused_sgd_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
+    """One SGD step of ``param`` on its int8/int4/bf16 momentum buffer in place, when it applies.
+
+    The step is torch's single-tensor one (``maximize``, weight decay,
+    ``dampening``, ``nesterov``) by :data:`SGD_STATE`; the buffer's
+    ``writes`` grows by one, as a store does. Without momentum there is no
+    state, and the torch step runs.
+
+    Args:
+        optimizer: a ``torch.optim.SGD`` whose state is low precision.
+        group: ``param``'s group (its hyperparameters are read).
+        param: the parameter, with a gradient.
+
+    Returns:
+        False, having changed nothing, when the C step does not apply (the
+        group's implementation is not ``fused``, an option it lacks, no
+        momentum buffer stored in the group's precision yet, a parameter
+        :meth:`StateKernel.applies` refuses, no compiler); True when it
+        stepped.
+    """
+    if torch.compiler.is_compiling() or not _plain_sgd_group(optimizer, group):
+        return False
+    state = optimizer.state.get(param)
+    slots = [state.get("momentum_buffer")] if state else []
+    kernel = state_kernel_or_none(SGD_STATE)
+    grad = param.grad
+    if (
+        kernel is None
+        or grad is None
+        or not kernel.applies(param, grad, slots, group_precision(group))
+    ):
+        return False
+    kernel.step(param, grad, slots, _sgd_scalars(group))
+    return True
+
+
+def _plain_sgd_group(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+    """Whether ``group`` runs the fused implementation with momentum and plain-number options."""
+    if not group.get("fused") or group.get("differentiable"):
+        return False
+    if getattr(optimizer, "grad_scale", None) is not None:
+        return False
+    if getattr(optimizer, "found_inf", None) is not None:
+        return False
+    scalars = [group.get(key) for key in ("lr", "momentum", "dampening", "weight_decay")]
+    return all(isinstance(value, (int, float)) for value in scalars) and group["momentum"] != 0
+
+
+def _sgd_scalars(group: dict[str, Any]) -> dict[str, float]:
+    """:data:`SGD_STATE`'s scalars: what torch's single-tensor SGD passes to ATen (flags 0 or 1)."""
+    decay = float(group["weight_decay"])
+    return {
+        "neg_lr": -float(group["lr"]),
+        "momentum": float(group["momentum"]),
+        "keep": 1 - float(group["dampening"]),
+        "decay": decay,
+        "maximize": float(bool(group.get("maximize"))),
+        "nesterov": float(bool(group.get("nesterov"))),
+        "use_decay": float(decay != 0),
+    }
