@@ -602,6 +602,41 @@ def _fused_step_of(
     return None
 
 
+def _loss_scaling_done_here(optimizer: torch.optim.Optimizer) -> bool:
+    """Unscale the gradients here when ``GradScaler`` left it to a fused step that will not run.
+
+    ``GradScaler`` hands ``grad_scale`` and ``found_inf`` to an optimizer
+    whose ``_step_supports_amp_scaling`` is set (torch sets it on one built
+    fused) and lets the fused kernel unscale and skip. When the groups run
+    loop or foreach instead (the measured winner took over), torch's
+    kernels refuse those attributes; so the gradients are unscaled in place
+    here, as the scaler does for every other optimizer, and the attributes
+    are set to None for this step (the scaler deletes them afterwards).
+
+    Args:
+        optimizer: the optimizer about to step.
+
+    Returns:
+        Whether the step must be skipped (the scaler found inf or NaN).
+    """
+    grad_scale = getattr(optimizer, "grad_scale", None)
+    found_inf = getattr(optimizer, "found_inf", None)
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    if fused or (grad_scale is None and found_inf is None):
+        return False
+    optimizer.grad_scale = optimizer.found_inf = None  # type: ignore[attr-defined]
+    if found_inf is not None and bool(found_inf.item()):
+        return True
+    if grad_scale is not None:
+        inverse = grad_scale.double().reciprocal().float()  # the scaler's own unscale factor
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.grad.mul_(inverse.to(param.grad.device))
+    return False
+
+
 class TorchBackedOptimizer(_ContractOptimizer):
     """Mixin for an optimizer that is torch's own class plus optiplug's contract.
 
@@ -654,7 +689,9 @@ class TorchBackedOptimizer(_ContractOptimizer):
         (:func:`cautious_weight_decay`). Groups with a ``state_precision``
         other than ``"fp32"`` step one parameter at a time on decoded state
         (:func:`step_in_state_precision`): torch's own arithmetic, on the
-        values the codes hold.
+        values the codes hold. Under ``GradScaler``, an optimizer built
+        fused but now running loop or foreach unscales and skips as the
+        scaler would have (:func:`_loss_scaling_done_here`).
 
         Args:
             closure: re-evaluates the model and returns the loss (optional).
@@ -664,6 +701,8 @@ class TorchBackedOptimizer(_ContractOptimizer):
         """
         self._take_measured_choice()
         loss = closure_loss(closure)
+        if _loss_scaling_done_here(self):
+            return loss
         torch_step = super().step
         fused = _fused_step_of(self)
         cautious_weight_decay(
@@ -681,6 +720,7 @@ class TorchBackedOptimizer(_ContractOptimizer):
         flags = TORCH_IMPLEMENTATION_FLAGS[name]
         for group in self.param_groups:
             group.update(flags)
+        self._step_supports_amp_scaling = flags["fused"]  # GradScaler: who unscales
         if not flags["fused"]:
             return
         for param, state in self.state.items():
