@@ -5,10 +5,12 @@ Every optimizer steps the same parameters (``--tensors`` matrices of
 gradients: optiplug's ``adamw`` with ``impl="fused"`` in fp32 (torch's fused
 kernel, the reference), then with ``state_precision`` bf16, int8 and int4,
 and torchao's AdamW8bit and AdamW4bit (the peer, when installed). Each is
-warmed up (its state created), then timed over ``--steps`` steps in
-interleaved rounds, so machine noise hits all alike; the report gives each
-median step, its ratio to the fp32 fused step and the state's bytes per
-parameter as ``optiplug.memory`` measures them.
+warmed up (its state created), then each of its timed steps is paired with
+a step of the reference taken just before or just after it (alternating),
+so the ratio of a pair sees the same machine: on a shared machine the
+reference alone drifts by a third between minutes. The report gives each
+median step, the median of its paired ratios to the fp32 fused step and
+the state's bytes per parameter as ``optiplug.memory`` measures them.
 
 Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3] [--only int8]``
 """
@@ -74,26 +76,45 @@ def main() -> None:
         optimizer = make(params)
         optimizer.step()  # the state exists from here on
         built[name] = (optimizer, params)
-    times: dict[str, list[float]] = {name: [] for name in built}
-    for round_index in range(args.rounds):
-        order = list(built) if round_index % 2 == 0 else list(reversed(built))
-        for name in order:
-            optimizer, _ = built[name]
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                optimizer.step()
-                times[name].append(time.perf_counter() - start)
+    times, ratios = paired_times(built, args.rounds, args.steps)
     count = args.tensors * args.rows * args.cols
-    reference = statistics.median(times[REFERENCE])
     print(
         f"{count / 1e6:.0f}M float32 parameters in {args.tensors} tensors; "
-        f"{torch.get_num_threads()} threads; median of {args.rounds * args.steps} steps"
+        f"{torch.get_num_threads()} threads; median of {args.rounds * args.steps} paired steps"
     )
     print(f"{'optimizer':<22} {'step (ms)':>10} {'x fp32 fused':>13} {'state B/param':>14}")
     for name, (optimizer, _) in built.items():
         median = statistics.median(times[name])
+        ratio = statistics.median(ratios[name]) if name in ratios else 1.0
         per_param = optiplug.memory(optimizer).total / count
-        print(f"{name:<22} {median * 1e3:>10.1f} {median / reference:>13.2f} {per_param:>14.3f}")
+        print(f"{name:<22} {median * 1e3:>10.1f} {ratio:>13.2f} {per_param:>14.3f}")
+
+
+def timed_step(optimizer: torch.optim.Optimizer) -> float:
+    """Seconds one ``optimizer.step()`` takes."""
+    start = time.perf_counter()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def paired_times(
+    built: dict[str, tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]],
+    rounds: int,
+    steps: int,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each contender's step times, and their ratios to the reference step taken beside each."""
+    times: dict[str, list[float]] = {name: [] for name in built}
+    ratios: dict[str, list[float]] = {name: [] for name in built if name != REFERENCE}
+    for round_index in range(rounds):
+        for name in ratios:
+            for step in range(steps):
+                reference_first = (round_index + step) % 2 == 0
+                pair = (REFERENCE, name) if reference_first else (name, REFERENCE)
+                seconds = {member: timed_step(built[member][0]) for member in pair}
+                for member, taken in seconds.items():
+                    times[member].append(taken)
+                ratios[name].append(seconds[name] / seconds[REFERENCE])
+    return times, ratios
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The state codec's nearest-code rule, and its C loops against its torch ops, bit for bit."""
+"""The state codec's decade rule (the nearest code), and its C loops against its torch ops, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from optiplug._state.code_rule import LOWEST_EXPONENT, code_rule
 from optiplug._state.codec import (
     _codes,
     _decode_blocks,
@@ -16,7 +17,6 @@ from optiplug._state.codec import (
     _encode_blocks_torch,
     _magnitudes,
     _table,
-    code_tables,
 )
 from optiplug._state.native_codec import native_codec
 from optiplug._state.precision import BLOCK_SIZES
@@ -27,39 +27,81 @@ needs_cc = pytest.mark.skipif(
 )
 
 
+def _midpoints(bits: int, signed: bool) -> torch.Tensor:
+    """The float32 midpoints between consecutive magnitudes of the table."""
+    magnitudes = torch.tensor(_magnitudes(bits, signed, zero=signed), dtype=torch.float32)
+    return (magnitudes[1:] + magnitudes[:-1]) / 2
+
+
 def _hard_values(bits: int, signed: bool) -> torch.Tensor:
-    """Random magnitudes over eight decades, and every midpoint, power of ten and table value
-    with its float32 neighbours: where a computed code could land one off."""
+    """Random magnitudes over eight decades, and every midpoint, power of ten, table value and
+    power of two with its float32 neighbours: where a computed code could land one off."""
     generator = torch.Generator().manual_seed(bits * 2 + signed)
     spread = torch.rand(20_000, generator=generator) * torch.pow(
         10.0, -8 * torch.rand(20_000, generator=generator)
     )
     magnitudes = torch.tensor(_magnitudes(bits, signed, zero=signed), dtype=torch.float32)
-    midpoints = code_tables(bits, signed, torch.device("cpu"))[0][:-1]
     powers = torch.tensor([10.0**-e for e in range(9)], dtype=torch.float32)
-    exact = torch.cat([magnitudes, midpoints, powers, torch.tensor([0.0, 1.0])])
+    binades = torch.tensor([2.0**-e for e in range(40)], dtype=torch.float32)
+    exact = torch.cat(
+        [magnitudes, _midpoints(bits, signed), powers, binades, torch.tensor([0.0, 1.0])]
+    )
     near = [exact, torch.nextafter(exact, torch.zeros(1)), torch.nextafter(exact, torch.ones(1))]
-    values = torch.cat([spread, *near]).clamp(0, 1)
+    values = torch.cat([spread, *near, torch.tensor([1e-45, 1e-38])]).clamp(0, 1)
     return torch.cat([values, -values]) if signed else values
 
 
+def _ulps_to_nearest_midpoint(magnitude: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
+    """How many float32 ulps of the magnitude separate it from the closest midpoint."""
+    distance = (magnitude[:, None] - midpoints[None, :]).abs().min(dim=1).values
+    ulp = torch.nextafter(magnitude, torch.ones(())) - magnitude
+    return distance / ulp
+
+
 @pytest.mark.parametrize(("bits", "signed"), KINDS)
-def test_the_code_is_the_count_of_midpoints_at_or_below_the_magnitude(bits, signed) -> None:
-    """Exactly searchsorted(midpoints, |v|, right=True): the nearest value, a tie going up."""
+def test_the_code_is_the_nearest_values_away_from_midpoints(bits, signed) -> None:
+    """searchsorted(midpoints, |v|, right=True) (the nearest value, a tie going up), except
+    within a few ulps of a midpoint, where the rule's float32 arithmetic may take the other."""
     values = _hard_values(bits, signed)
-    midpoints = code_tables(bits, signed, torch.device("cpu"))[0][:-1]
-    index = torch.searchsorted(midpoints, values.abs(), right=True).to(torch.int32)
+    midpoints = _midpoints(bits, signed)
+    nearest = torch.searchsorted(midpoints, values.abs(), right=True).to(torch.int32)
     if signed:
         half = 1 << (bits - 1)
-        index = torch.where(values < 0, half - 1 - index, half + index)
-    assert torch.equal(_codes(values, bits, signed), index)
+        nearest = torch.where(values < 0, half - 1 - nearest, half + nearest)
+    got = _codes(values, bits, signed)
+    differ = got != nearest
+    assert (got - nearest).abs().max() <= 1
+    # t = (m * 10**e - shift) * slope: three roundings of about 1 ulp each, scaled by up
+    # to slope * 10**e / (ulp of t); 8 ulps of m leaves a margin over that
+    assert torch.all(_ulps_to_nearest_midpoint(values.abs()[differ], midpoints) <= 8)
+    assert differ.float().mean() < 0.01
 
 
 @pytest.mark.parametrize(("bits", "signed"), KINDS)
-def test_no_bucket_of_the_lookup_holds_two_midpoints(bits, signed) -> None:
-    midpoints, _ = code_tables(bits, signed, torch.device("cpu"))
-    buckets = midpoints[:-1].view(torch.int32) >> 16
-    assert int(torch.bincount(buckets).max()) == 1
+def test_every_binade_below_one_lies_in_at_most_two_decades(bits, signed) -> None:
+    """What the C loops' decade from the exponent relies on, and the decade the rule names."""
+    rule = code_rule(bits, signed)
+    for offset, decade in enumerate(rule.binade_decades):
+        lowest = 2.0 ** (LOWEST_EXPONENT + offset - 127)
+        top = float(torch.nextafter(torch.tensor(2 * lowest), torch.zeros(())))
+        assert rule.decade_of(min(top, 1.0)) in (decade, decade - 1)
+    assert rule.binade_decades[0] == len(rule.thresholds) - 1  # everything lower: the last
+
+
+@needs_cc
+@pytest.mark.parametrize(("bits", "signed"), KINDS)
+def test_the_c_loops_code_the_hard_values_as_the_torch_ops_do(bits, signed) -> None:
+    """Their decade comes from the exponent, torch's from the thresholds: the same codes."""
+    values = torch.cat(
+        [_hard_values(bits, signed), torch.tensor([float("nan"), 3.0, float("inf")])]
+    )
+    values[0] = 1.0  # the block maxima stay 1 (or NaN, inf), so each value is coded as it is
+    block = BLOCK_SIZES["int8" if bits == 8 else "int4"]
+    assert native_codec() is not None
+    codes, scales = _encode_blocks(values, bits, signed, block)  # the C loops
+    expected_codes, expected_scales = _encode_blocks_torch(values, bits, signed, block)
+    assert torch.equal(codes, expected_codes)
+    torch.testing.assert_close(scales, expected_scales, rtol=0, atol=0, equal_nan=True)
 
 
 @needs_cc

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from .code_rule import code_rule
 from .native_codec import NativeCodec, native_codec
 from .precision import BLOCK_SIZES, CODE_BITS
 
@@ -50,7 +51,6 @@ __all__ = [
     "MIN_QUANTIZED_NUMEL",
     "QuantizedState",
     "SECOND_MOMENTS",
-    "code_tables",
     "convert_state",
     "dynamic_table",
     "in_precision",
@@ -127,44 +127,33 @@ def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
     return flat.view(-1, block)
 
 
-GUESS_BUCKETS = (0x3F800000 >> 16) + 1
-"""Buckets of :func:`code_tables`: a float32 magnitude in [0, 1] by its top 16 bits
-(exponent and 7 mantissa bits), so no bucket holds two of a table's midpoints."""
-
-
 @functools.cache
-def code_tables(bits: int, signed: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lookup tables of the nearest code: ``(midpoints, guesses)``.
-
-    ``midpoints`` are the float32 midpoints between consecutive magnitudes of
-    the table (signed: of its non-negative half), with ``inf`` appended;
-    ``guesses[b]`` (uint8) is the number of midpoints at or below the lowest
-    float32 of bucket ``b`` (the magnitude's bits shifted right by 16). Each
-    bucket holds at most one midpoint, so a magnitude's index in the table is
-    ``g + (m >= midpoints[g])`` with ``g = guesses[bucket]``: exactly the
-    count of midpoints at or below it (the nearest magnitude, a tie going up).
-    """
-    magnitudes = torch.tensor(_magnitudes(bits, signed, zero=signed), dtype=torch.float32)
-    midpoints = (magnitudes[1:] + magnitudes[:-1]) / 2
-    lowest = (torch.arange(GUESS_BUCKETS, dtype=torch.int32) << 16).view(torch.float32)
-    guesses = torch.searchsorted(midpoints, lowest, right=True).to(torch.uint8)
-    midpoints = torch.cat([midpoints, torch.tensor([float("inf")])])
-    return midpoints.to(device), guesses.to(device)
+def _rule_tensors(bits: int, signed: bool, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """:func:`code_rule`'s thresholds, scales, shifts and slopes as float32 tensors on ``device``."""
+    rule = code_rule(bits, signed)
+    return tuple(
+        torch.tensor(values, dtype=torch.float32, device=device)
+        for values in (rule.thresholds, rule.scales, rule.shifts, rule.slopes)
+    )
 
 
 def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
-    """The code of the nearest table value to each value in [-1, 1] (int32).
+    """The code of each value in [-1, 1] by the table's decade rule (int32).
 
-    The magnitude's index is the number of the table's midpoints at or below
-    it, read from :func:`code_tables` with one lookup and one comparison (a
-    tie goes to the larger magnitude); a negative value takes the mirrored
-    code. The C loops of :mod:`.native_codec` compute the same, bit for bit.
+    A magnitude's decade is the number of thresholds at or above it; its
+    index is ``round((m * scale - shift) * slope)`` in float32 with that
+    decade's constants (:mod:`.code_rule`): the nearest table value's except
+    within a few ulps of a midpoint. A magnitude above 1, inf or NaN reads 1. A
+    negative value takes the mirrored code. The C loops of
+    :mod:`.native_codec` compute the same, bit for bit.
     """
-    magnitude = normalized.abs().contiguous()
-    midpoints, guesses = code_tables(bits, signed, magnitude.device)
-    bucket = (magnitude.view(torch.int32) >> 16).clamp_(0, GUESS_BUCKETS - 1)
-    index = guesses[bucket.long()].long()
-    index += magnitude >= midpoints[index]
+    magnitude = normalized.abs()
+    magnitude = torch.where(magnitude <= 1.0, magnitude, 1.0)
+    thresholds, scales, shifts, slopes = _rule_tensors(bits, signed, magnitude.device)
+    decade = torch.zeros(magnitude.shape, dtype=torch.int64, device=magnitude.device)
+    for threshold in thresholds[1:]:
+        decade += magnitude <= threshold
+    index = torch.round((magnitude * scales[decade] - shifts[decade]) * slopes[decade])
     index = index.to(torch.int32)
     if not signed:
         return index
@@ -183,7 +172,7 @@ def _encode_blocks(
     blocks = -(-flat.numel() // block)
     codes = torch.empty(blocks * block * bits // 8, dtype=torch.uint8)
     scales = torch.empty(blocks, dtype=torch.float32)
-    codec.encode(flat, bits, signed, block, code_tables(bits, signed, flat.device), (codes, scales))
+    codec.encode(flat, bits, signed, block, (codes, scales))
     return codes, scales
 
 
@@ -193,12 +182,12 @@ def _encode_blocks_torch(
     """:func:`_encode_blocks` in torch ops (any device)."""
     blocks = _blocks(flat, block)
     scales = blocks.abs().amax(dim=1)
-    divisors = scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
+    inverses = scales.clamp_min(torch.finfo(torch.float32).tiny).reciprocal().unsqueeze(1)
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=blocks.device)
     rows = max(1, CHUNK // block)  # a chunk's temporaries stay in cache
     for start in range(0, blocks.shape[0], rows):
         part = slice(start, start + rows)
-        codes[part] = _codes(blocks[part] / divisors[part], bits, signed)
+        codes[part] = _codes(blocks[part] * inverses[part], bits, signed)
     flat_codes = codes.reshape(-1)
     if bits == 4:
         flat_codes = flat_codes[0::2] | (flat_codes[1::2] << 4)

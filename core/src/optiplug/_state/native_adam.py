@@ -10,11 +10,10 @@ encoded back into their codes and scales in place. Everything a block needs
 stays in L1, and each loop over a block vectorizes; with AVX-512 the int8
 and int4 tables are looked up in registers (permutes) rather than gathered.
 
-The codes follow the codec's rule exactly
-(:func:`~optiplug._state.codec.code_tables`), with its two lookups folded
-into one: an int32 per bucket holding the guess and where the next midpoint
-lies in the bucket (:func:`_bucket_steps`), from the first bucket that can
-hold a midpoint on, about 12 KB.
+The codes follow the codec's decade rule exactly (:mod:`.code_rule`, the C
+of :data:`~optiplug._state.native_codec.RULE_SOURCE`): a few float32
+operations per value and, with AVX-512, its per-decade constants read from
+registers, with no search and no gather.
 
 The arithmetic is float32 per element with the scalars computed in double,
 as torch's ``_single_tensor_adam`` does, and rounds as ATen's vectorized
@@ -46,40 +45,26 @@ import torch
 
 from .._native import NativeLibrary, build_c_library
 from ..errors import NativeBuildError
-from .codec import (
-    GUESS_BUCKETS,
-    QuantizedState,
-    _table,
-    code_tables,
-    group_precision,
-    seed_term,
-)
+from .codec import QuantizedState, _table, group_precision, seed_term
+from .native_codec import RULE_SOURCE, RuleStructure, rule_structure
 from .precision import BLOCK_SIZES, CODE_BITS
 
 __all__ = ["NativeAdam", "fused_adam_step", "native_adam"]
 
-_SOURCE = r"""
-#include <float.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
-
+_SOURCE = (
+    RULE_SOURCE
+    + r"""
 typedef struct {
-  const float *table;    /* the decoded values, 2**bits */
-  const uint32_t *step;  /* per bucket lo..last: guess << 17 | the low 16 bits of its midpoint */
-  int32_t lo, last, half;
+  const float *table;         /* the decoded values, 2**bits */
+  const uint8_t *planes;      /* 8 bits: byte k of every value, then byte k + 1: 4 x 256 bytes */
+  const optiplug_rule *rule;  /* the code of a value (see code_rule) */
+  int32_t half;               /* a signed table's first non-negative code; 0: unsigned */
 } optiplug_codes;
 
 typedef struct {
   float neg_step, bc2_sqrt, eps, weight1, beta2, one_minus_beta2, l2, decay;
   int32_t maximize, use_l2, use_decay;
 } optiplug_adam;
-
-static inline uint32_t bits_of(float x) { uint32_t u; memcpy(&u, &x, sizeof u); return u; }
-static inline float float_of(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return x; }
 
 /* out[j] = table[index[j]] * scale for a 16-value table, from registers where there are
    vector permutes (a gather costs more than the whole lookup). */
@@ -131,9 +116,46 @@ static inline void lookup256(const uint8_t *restrict codes, int block, float sca
 #endif
 }
 
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+/* lookup256 for 64 codes at a time (block a multiple of 64): each byte of the values is
+   looked up in its own 256-byte plane by byte permutes, and the four bytes interleaved. The
+   codes are first put where the interleaving (within 128-bit lanes) reads them in order. */
+static inline void lookup256_bytes(const uint8_t *restrict codes, int block, float scale,
+                                   const uint8_t *restrict planes, float *restrict out) {
+  __m512i t[16];
+  for (int k = 0; k < 16; k++) t[k] = _mm512_loadu_si512(planes + 64 * k);
+  uint8_t order[64];
+  for (int q = 0; q < 64; q++) order[q] = (uint8_t)(16 * ((q >> 2) & 3) + 4 * (q >> 4) + (q & 3));
+  const __m512i arranged = _mm512_loadu_si512(order);
+  const __m512 by = _mm512_set1_ps(scale);
+  for (int j = 0; j < block; j += 64) {
+    const __m512i at = _mm512_permutexvar_epi8(arranged, _mm512_loadu_si512(codes + j));
+    const __mmask64 high = _mm512_movepi8_mask(at);
+    __m512i b[4];
+    for (int k = 0; k < 4; k++)
+      b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t[4 * k], at, t[4 * k + 1]),
+                                    _mm512_permutex2var_epi8(t[4 * k + 2], at, t[4 * k + 3]));
+    const __m512i low01 = _mm512_unpacklo_epi8(b[0], b[1]), high01 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i low23 = _mm512_unpacklo_epi8(b[2], b[3]), high23 = _mm512_unpackhi_epi8(b[2], b[3]);
+    const __m512i value[4] = {_mm512_unpacklo_epi16(low01, low23), _mm512_unpackhi_epi16(low01, low23),
+                              _mm512_unpacklo_epi16(high01, high23),
+                              _mm512_unpackhi_epi16(high01, high23)};
+    for (int k = 0; k < 4; k++)
+      _mm512_storeu_ps(out + j + 16 * k, _mm512_mul_ps(_mm512_castsi512_ps(value[k]), by));
+  }
+}
+#endif
+
 static inline void decode(const uint8_t *restrict codes, int bits, int block, float scale,
-                          const float *restrict table, float *restrict out) {
+                          const optiplug_codes *c, float *restrict out) {
+  const float *restrict table = c->table;
   if (bits == 8) {
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    if (block % 64 == 0) {
+      lookup256_bytes(codes, block, scale, c->planes, out);
+      return;
+    }
+#endif
     lookup256(codes, block, scale, table, out);
   } else {
     uint8_t nibbles[256];
@@ -184,6 +206,9 @@ static inline void update(float *restrict p, const float *restrict g, int count,
   for (int j = 0; j < count; j++) p[j] = p[j] + neg_step * m[j] / (root[j] / bc2 + eps);
 }
 
+/* A block scale from the largest magnitude's bits: NaN if they are a NaN's. */
+static inline float scale_of_top(uint32_t top) { return top > 0x7f800000u ? NAN : float_of(top); }
+
 /* The block's scale: its absolute maximum, NaN if it holds one (by the bits: |x| orders as
    an unsigned integer and every NaN is above inf). */
 static inline float block_scale(const float *restrict x, int block) {
@@ -192,24 +217,14 @@ static inline float block_scale(const float *restrict x, int block) {
     const uint32_t u = bits_of(x[j]) & 0x7fffffffu;
     top = u > top ? u : top;
   }
-  return top > 0x7f800000u ? NAN : float_of(top);
+  return scale_of_top(top);
 }
 
 static inline void encode(const float *restrict x, int bits, int block, float scale,
                           const optiplug_codes *c, uint8_t *restrict codes) {
   const float divisor = scale != scale ? scale : (scale < FLT_MIN ? FLT_MIN : scale);
-  const uint32_t *restrict step = c->step;
-  const uint32_t lowest = (uint32_t)c->lo << 16, highest = (uint32_t)c->last << 16;
-  const int32_t half = c->half;
   uint8_t local[256];
-  for (int j = 0; j < block; j++) {
-    const float value = x[j] / divisor;
-    uint32_t magnitude = bits_of(value) & 0x7fffffffu;
-    magnitude = magnitude < lowest ? lowest : (magnitude > highest ? highest : magnitude);
-    const uint32_t entry = step[magnitude >> 16];
-    const int32_t index = (int32_t)(entry >> 17) + ((magnitude & 0xffffu) >= (entry & 0x1ffffu));
-    local[j] = (uint8_t)(half == 0 ? index : (value < 0 ? half - 1 - index : half + index));
-  }
+  block_codes(x, block, 1.0f / divisor, c->rule, c->half, local);
   if (bits == 8) {
     memcpy(codes, local, (size_t)block);
   } else {
@@ -218,18 +233,62 @@ static inline void encode(const float *restrict x, int bits, int block, float sc
   }
 }
 
+#if defined(__AVX512F__)
+/* update() and both block_scale()s of a whole block in one pass, 16 elements at a time: the
+   same operations in the same order (the square root inline), the moments' absolute maxima
+   taken on the way. */
+static inline void update_whole_block(float *restrict p, const float *restrict g, int block,
+                                      float *restrict m, float *restrict v, const optiplug_adam *h,
+                                      float *m_scale, float *v_scale) {
+  const __m512 w = _mm512_set1_ps(h->weight1), w_less = _mm512_set1_ps(h->weight1 - 1.0f);
+  const __m512 l2 = _mm512_set1_ps(h->l2), decay = _mm512_set1_ps(h->decay);
+  const __m512 beta2 = _mm512_set1_ps(h->beta2), rest2 = _mm512_set1_ps(h->one_minus_beta2);
+  const __m512 bc2 = _mm512_set1_ps(h->bc2_sqrt), eps = _mm512_set1_ps(h->eps);
+  const __m512 neg_step = _mm512_set1_ps(h->neg_step);
+  const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u), magnitude = _mm512_set1_epi32(0x7fffffff);
+  const int small = h->weight1 < 0.5f, maximize = h->maximize, use_l2 = h->use_l2;
+  const int use_decay = h->use_decay;
+  __m512i m_top = _mm512_setzero_si512(), v_top = _mm512_setzero_si512();
+  for (int j = 0; j < block; j += 16) {
+    __m512 grad = _mm512_loadu_ps(g + j), param = _mm512_loadu_ps(p + j);
+    if (maximize) grad = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(grad), sign));
+    if (use_l2) grad = _mm512_fmadd_ps(param, l2, grad);
+    if (use_decay) param = _mm512_mul_ps(param, decay);
+    const __m512 old = _mm512_loadu_ps(m + j), diff = _mm512_sub_ps(grad, old);
+    const __m512 mj = small ? _mm512_fmadd_ps(w, diff, old) : _mm512_fmadd_ps(w_less, diff, grad);
+    const __m512 vj = _mm512_fmadd_ps(_mm512_mul_ps(rest2, grad), grad,
+                                      _mm512_mul_ps(_mm512_loadu_ps(v + j), beta2));
+    _mm512_storeu_ps(m + j, mj);
+    _mm512_storeu_ps(v + j, vj);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vj), bc2), eps);
+    _mm512_storeu_ps(p + j, _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(neg_step, mj), denom)));
+    m_top = _mm512_max_epu32(m_top, _mm512_and_si512(_mm512_castps_si512(mj), magnitude));
+    v_top = _mm512_max_epu32(v_top, _mm512_and_si512(_mm512_castps_si512(vj), magnitude));
+  }
+  *m_scale = scale_of_top((uint32_t)_mm512_reduce_max_epu32(m_top));
+  *v_scale = scale_of_top((uint32_t)_mm512_reduce_max_epu32(v_top));
+}
+#endif
+
 static inline void adam_block(float *restrict p, const float *restrict g, int count, int bits,
                               int block, uint8_t *restrict m_codes, float *restrict m_scale,
                               uint8_t *restrict v_codes, float *restrict v_scale,
                               const optiplug_codes *mc, const optiplug_codes *vc,
                               const optiplug_adam *h) {
   float m[256], v[256];
-  decode(m_codes, bits, block, *m_scale, mc->table, m);
-  decode(v_codes, bits, block, *v_scale, vc->table, v);
-  update(p, g, count, block, m, v, h);
-  for (int j = count; j < block; j++) m[j] = v[j] = 0.0f;  /* the encoder's zero padding */
-  *m_scale = block_scale(m, block);
-  *v_scale = block_scale(v, block);
+  decode(m_codes, bits, block, *m_scale, mc, m);
+  decode(v_codes, bits, block, *v_scale, vc, v);
+#if defined(__AVX512F__)
+  if (count == block) {
+    update_whole_block(p, g, block, m, v, h, m_scale, v_scale);
+  } else
+#endif
+  {
+    update(p, g, count, block, m, v, h);
+    for (int j = count; j < block; j++) m[j] = v[j] = 0.0f;  /* the encoder's zero padding */
+    *m_scale = block_scale(m, block);
+    *v_scale = block_scale(v, block);
+  }
   encode(m, bits, block, *m_scale, mc, m_codes);
   encode(v, bits, block, *v_scale, vc, v_codes);
 }
@@ -310,14 +369,14 @@ void optiplug_adam_step(float *restrict p, const float *restrict g, int64_t n, i
   }
 }
 """
+)
 
 
 class _Codes(ctypes.Structure):
     _fields_ = [
         ("table", ctypes.c_void_p),
-        ("step", ctypes.c_void_p),
-        ("lo", ctypes.c_int32),
-        ("last", ctypes.c_int32),
+        ("planes", ctypes.c_void_p),
+        ("rule", ctypes.POINTER(RuleStructure)),
         ("half", ctypes.c_int32),
     ]
 
@@ -345,39 +404,13 @@ class _SlotTables:
     """One code's tables for the C loop, kept alive with the structure pointing at them."""
 
     def __init__(self, bits: int, signed: bool) -> None:
-        cpu = torch.device("cpu")
-        self.table = _table(bits, signed, cpu).contiguous()
-        lo, self.steps = _bucket_steps(bits, signed)
+        self.table = _table(bits, signed, torch.device("cpu")).contiguous()
+        # byte k of every value, for k = 0..3 (little-endian: the low byte first)
+        self.planes = self.table.view(torch.uint8).view(-1, 4).t().contiguous()
+        self.rule = rule_structure(bits, signed)
         half = 1 << (bits - 1) if signed else 0
-        based = self.steps.data_ptr() - lo * self.steps.element_size()  # steps[lo] comes first
-        self.codes = _Codes(self.table.data_ptr(), based, lo, GUESS_BUCKETS - 1, half)
-
-
-def _bucket_steps(bits: int, signed: bool) -> tuple[int, torch.Tensor]:
-    """:func:`code_tables` folded into one int32 per bucket, from the first bucket that matters.
-
-    A magnitude's index is ``g + (m >= midpoints[g])`` with ``g`` its
-    bucket's guess. The midpoint ``midpoints[g]`` lies above the bucket's
-    lowest float32, so either inside the bucket (then ``m >= midpoint``
-    compares the low 16 bits of both) or above it (never reached: the bound
-    is stored as 65536). Each entry is ``g << 17 | bound``. Buckets below
-    ``lo`` (the last with guess 0; the midpoint 0 is in it) all give index
-    0, as does ``lo``'s lowest float32 (bound above 0), so the kernel
-    clamps a magnitude's bits to ``[lo << 16, last << 16]`` first; the last
-    bucket (1.0) has no midpoint in it, so NaN clamped there gets the same
-    index as the comparison with a NaN.
-
-    Returns:
-        ``lo`` and the int32 entries of the buckets ``lo`` to the last.
-    """
-    midpoints, guesses = code_tables(bits, signed, torch.device("cpu"))
-    lo = int((guesses == 0).sum()) - 1  # every bucket below also has guess 0
-    buckets = torch.arange(lo, GUESS_BUCKETS, dtype=torch.int64)
-    guess = guesses[lo:].long()
-    midpoint_bits = midpoints[guess].view(torch.int32).long()
-    inside = (midpoint_bits >> 16) == buckets
-    bound = torch.where(inside, midpoint_bits & 0xFFFF, torch.full_like(guess, 0x10000))
-    return lo, ((guess << 17) | bound).to(torch.int32).contiguous()
+        pointers = self.table.data_ptr(), self.planes.data_ptr()
+        self.codes = _Codes(*pointers, ctypes.pointer(self.rule), half)
 
 
 @functools.cache

@@ -135,7 +135,7 @@ void optiplug_state_step(float *restrict p, const float *restrict g, int64_t n, 
       if (bits == 16) {{
         for (int j = 0; j < count; j++) buf[s][j] = float_of((uint32_t)halves[s][start + j] << 16);
       }} else {{
-        decode(codes[s] + start * bits / 8, bits, block, scales[s][b], tables[s]->table, buf[s]);
+        decode(codes[s] + start * bits / 8, bits, block, scales[s][b], tables[s], buf[s]);
       }}
     }}
     state_update(p + start, g + start, count, {buffers}, h);
