@@ -12,7 +12,11 @@ reference alone drifts by a third between minutes. The report gives each
 median step, the median of its paired ratios to the fp32 fused step and
 the state's bytes per parameter as ``optiplug.memory`` measures them.
 
-Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3] [--only int8]``
+On a GPU (``--device cuda``) the low-precision groups take the decode,
+torch's fused CUDA step, encode path, and the steps are timed between
+``torch.cuda.synchronize()`` calls.
+
+Usage: ``python benchmarks/bench_state_precision.py [--tensors 16] [--rows 2048] [--cols 2048] [--rounds 3] [--only int8] [--device cuda]``
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2, help="steps timed per round")
+    parser.add_argument("--device", default="cpu", help="where the parameters live (cpu, cuda)")
     parser.add_argument(
         "--only",
         action="append",
@@ -69,18 +74,24 @@ def main() -> None:
         if args.only and name != REFERENCE and not any(part in name for part in args.only):
             continue
         params = [
-            torch.nn.Parameter(torch.randn(shape, generator=generator)) for _ in range(args.tensors)
+            torch.nn.Parameter(torch.randn(shape, generator=generator).to(args.device))
+            for _ in range(args.tensors)
         ]
         for param in params:
-            param.grad = torch.randn(shape, generator=generator) * 1e-2
+            param.grad = (torch.randn(shape, generator=generator) * 1e-2).to(args.device)
         optimizer = make(params)
         optimizer.step()  # the state exists from here on
         built[name] = (optimizer, params)
     times, ratios = paired_times(built, args.rounds, args.steps)
     count = args.tensors * args.rows * args.cols
+    where = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else (f"{torch.get_num_threads()} threads")
+    )
     print(
-        f"{count / 1e6:.0f}M float32 parameters in {args.tensors} tensors; "
-        f"{torch.get_num_threads()} threads; median of {args.rounds * args.steps} paired steps"
+        f"{count / 1e6:.0f}M float32 parameters in {args.tensors} tensors on {args.device} "
+        f"({where}); median of {args.rounds * args.steps} paired steps"
     )
     print(f"{'optimizer':<22} {'step (ms)':>10} {'x fp32 fused':>13} {'state B/param':>14}")
     for name, (optimizer, _) in built.items():
@@ -91,9 +102,14 @@ def main() -> None:
 
 
 def timed_step(optimizer: torch.optim.Optimizer) -> float:
-    """Seconds one ``optimizer.step()`` takes."""
+    """Seconds one ``optimizer.step()`` takes (its CUDA work finished, if any)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     optimizer.step()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 

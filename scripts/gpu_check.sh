@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: every CUDA test, optiplug-fused's CUDA-graph and device runs,
-# its (BLOCK, num_warps) sweep, benchmarks/bench_cuda.py and a one-GPU NCCL
-# FSDP run, in one go, ending with one summary table (docs/performance.md).
+# its (BLOCK, num_warps) sweep, benchmarks/bench_cuda.py, low-precision state's
+# step time against torchao (benchmarks/bench_state_precision.py) and a
+# one-GPU NCCL FSDP run, in one go, ending with one summary table
+# (docs/performance.md).
 #
 #   bash scripts/gpu_check.sh          # from the repository root, on a CUDA machine
 #
@@ -247,6 +249,31 @@ else
         record "bench_cuda.py" "fail ($skipped optimizers not measured)" $((SECONDS - t))
     else
         record "bench_cuda.py" "pass ($tables sets measured)" $((SECONDS - t))
+    fi
+fi
+
+# ------------------------------------------------ 4b. low-precision state on CUDA
+# AdamW with int8, int4 and bf16 state (the decode, torch's fused CUDA step,
+# encode path) against torch's fused fp32 step and torchao's AdamW8bit and
+# AdamW4bit, paired steps of the same run; the CUDA codes' equality with the
+# CPU's is among the CUDA tests above (tests/test_state_precision_cuda.py).
+heading "state precision"
+t=$SECONDS
+if ((installed != 0)); then
+    record "state precision" "skip (install failed)" 0
+else
+    timeout "$(limit 150)" "$PY" benchmarks/bench_state_precision.py --device cuda --rounds 3 \
+        2>&1 | tee "$LOG/state-precision.txt"
+    rc=${PIPESTATUS[0]}
+    int8=$(awk '/^adamw int8 /{print $4}' "$LOG/state-precision.txt")
+    peer=$(awk '/^torchao AdamW8bit /{print $4}' "$LOG/state-precision.txt")
+    if ((rc == 124 || rc == 137)); then
+        record "state precision" "fail (timed out; see state-precision.txt)" $((SECONDS - t))
+    elif ((rc != 0)) || [[ -z $int8 ]]; then
+        record "state precision" "fail (exit $rc; see state-precision.txt)" $((SECONDS - t))
+    else
+        record "state precision" "pass (int8 ${int8}x fp32 fused, AdamW8bit ${peer:-?}x)" \
+            $((SECONDS - t))
     fi
 fi
 
