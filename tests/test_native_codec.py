@@ -51,11 +51,9 @@ def _hard_values(bits: int, signed: bool) -> torch.Tensor:
     return torch.cat([values, -values]) if signed else values
 
 
-def _ulps_to_nearest_midpoint(magnitude: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
-    """How many float32 ulps of the magnitude separate it from the closest midpoint."""
-    distance = (magnitude[:, None] - midpoints[None, :]).abs().min(dim=1).values
-    ulp = torch.nextafter(magnitude, torch.ones(())) - magnitude
-    return distance / ulp
+def _distance_to_nearest_midpoint(magnitude: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
+    """How far (in float64) each magnitude lies from the closest midpoint."""
+    return (magnitude.double()[:, None] - midpoints.double()[None, :]).abs().min(dim=1).values
 
 
 @pytest.mark.parametrize(("bits", "signed"), KINDS)
@@ -71,9 +69,15 @@ def test_the_code_is_the_nearest_values_away_from_midpoints(bits, signed) -> Non
     got = _codes(values, bits, signed)
     differ = got != nearest
     assert (got - nearest).abs().max() <= 1
-    # t = (m * 10**e - shift) * slope: three roundings of about 1 ulp each, scaled by up
-    # to slope * 10**e / (ulp of t); 8 ulps of m leaves a margin over that
-    assert torch.all(_ulps_to_nearest_midpoint(values.abs()[differ], midpoints) <= 8)
+    # t = (m * s - shift) * slope with s = 10**e, in code units: m * s <= 1 and
+    # m * s - shift <= 1.8, so the three roundings, and the constants' own (slope's
+    # relative 2**-24, shift's 2**-25), leave t within 6.8 * 2**-24 * slope; the float32
+    # midpoints are within 2**-24 * m of the exact ones. In m that is 7.8 * 2**-24 / s:
+    # with a margin of two, how far from a midpoint the rule may part from the nearest.
+    rule = code_rule(bits, signed)
+    decades = torch.tensor([rule.decade_of(float(m)) for m in values.abs()[differ]])
+    bound = 16 * 2.0**-24 * torch.tensor(rule.thresholds, dtype=torch.float64)[decades]
+    assert torch.all(_distance_to_nearest_midpoint(values.abs()[differ], midpoints) <= bound)
     assert differ.float().mean() < 0.01
 
 
