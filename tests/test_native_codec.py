@@ -78,7 +78,9 @@ def test_the_code_is_the_nearest_values_away_from_midpoints(bits, signed) -> Non
     decades = torch.tensor([rule.decade_of(float(m)) for m in values.abs()[differ]])
     bound = 16 * 2.0**-24 * torch.tensor(rule.thresholds, dtype=torch.float64)[decades]
     assert torch.all(_distance_to_nearest_midpoint(values.abs()[differ], midpoints) <= bound)
-    assert differ.float().mean() < 0.01
+    # on the random magnitudes (the first 20,000; the rest crowd the midpoints on purpose)
+    # a value within that bound of a midpoint is rare: one in 20,000 here
+    assert int(differ[:20_000].sum()) <= 5
 
 
 @pytest.mark.parametrize(("bits", "signed"), KINDS)
