@@ -23,14 +23,16 @@ import torch
 
 from .._native import NativeLibrary, build_c_library
 from ..errors import NativeBuildError
-from .code_rule import code_rule
+from .code_rule import LOWEST_EXPONENT, code_rule
 
 __all__ = ["RULE_SOURCE", "NativeCodec", "RuleStructure", "native_codec", "rule_structure"]
 
 MAX_BLOCK = 256
 """The largest block the C loops take (their per-block buffer)."""
 
-RULE_SOURCE = r"""
+RULE_SOURCE = (
+    f"#define LOWEST_EXPONENT {LOWEST_EXPONENT}\n"
+    + r"""
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -40,7 +42,7 @@ RULE_SOURCE = r"""
 #endif
 
 typedef struct {
-  int32_t binade_decades[32];  /* the decade of the lowest float32 of exponents 96..127 */
+  int32_t binade_decades[32];  /* the decade of the lowest float32 of exponents from LOWEST_EXPONENT */
   float thresholds[16], scales[16], shifts[16], slopes[16];
 } optiplug_rule;
 
@@ -55,7 +57,7 @@ static inline int32_t magnitude_index(float value, const optiplug_rule *r) {
   u = u < 0x3f800000u ? u : 0x3f800000u;
   const float m = float_of(u);
   const int32_t exponent = (int32_t)(u >> 23);
-  int32_t e = r->binade_decades[exponent < 96 ? 0 : exponent - 96];
+  int32_t e = r->binade_decades[exponent < LOWEST_EXPONENT ? 0 : exponent - LOWEST_EXPONENT];
   e -= m > r->thresholds[e];
   return (int32_t)nearbyintf((m * r->scales[e] - r->shifts[e]) * r->slopes[e]);
 }
@@ -74,8 +76,9 @@ static inline __m512i codes16(__m512 value, const optiplug_rule *r, int32_t half
       _mm512_and_si512(_mm512_castps_si512(value), _mm512_set1_epi32(0x7fffffff)),
       _mm512_set1_epi32(0x3f800000));
   const __m512 m = _mm512_castsi512_ps(u);
-  const __m512i binade = _mm512_sub_epi32(
-      _mm512_max_epi32(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(96)), _mm512_set1_epi32(96));
+  const __m512i lowest = _mm512_set1_epi32(LOWEST_EXPONENT);
+  const __m512i binade =
+      _mm512_sub_epi32(_mm512_max_epi32(_mm512_srli_epi32(u, 23), lowest), lowest);
   const __m512i e0 = _mm512_permutex2var_epi32(_mm512_loadu_si512(r->binade_decades), binade,
                                                _mm512_loadu_si512(r->binade_decades + 16));
   const __mmask16 above = _mm512_cmp_ps_mask(
@@ -105,6 +108,7 @@ static inline void block_codes(const float *restrict x, int64_t block, float inv
   for (; j < block; j++) out[j] = (uint8_t)code_of(x[j] * inverse, r, half);
 }
 """
+)
 """The C of the decade rule (:mod:`.code_rule`), shared by every C loop that encodes."""
 
 _SOURCE = (
