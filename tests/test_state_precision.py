@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import optiplug
 from optiplug import checkpoint, testing
-from optiplug._state.codec import _codes, dynamic_table
+from optiplug._state.codec import _codes, dynamic_table, linear_table
 from optiplug._state.precision import BLOCK_SIZES, state_bytes_per_element
 from optiplug.base import QuantizedState
 from optiplug.errors import HyperparameterError
@@ -114,6 +114,95 @@ def test_bf16_stochastic_rounding_is_unbiased_and_reproducible() -> None:
     )
 
 
+# ------------------------------------------------ the linear table (Muon's momentum)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_linear_tables_are_the_published_maps(bits: int) -> None:
+    """Signed: Gupta et al.'s ``k / top`` (0 twice, as in the dynamic table); unsigned:
+    Li et al.'s ``k / 2**bits`` without zero."""
+    top = 2 ** (bits - 1) - 1
+    signed = linear_table(bits, True)
+    assert len(signed) == 2**bits and list(signed) == sorted(signed)
+    assert signed[: top + 1] == tuple(-k / top for k in range(top, -1, -1))
+    assert signed[top + 1 :] == tuple(k / top for k in range(top + 1))
+    unsigned = linear_table(bits, False)
+    assert unsigned == tuple(k / 2**bits for k in range(1, 2**bits + 1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=1500),
+    st.sampled_from(["int8", "int4"]),
+    st.floats(min_value=1e-30, max_value=1e30),
+)
+def test_linear_codes_follow_the_formula_within_the_blocks_maximum(
+    numel: int, precision: str, scale: float
+) -> None:
+    """Decoded = max * round(top * x / max) / top (Gupta et al.'s Q) per block.
+
+    The codec multiplies by the float32 reciprocal of the maximum, so ``top *
+    x / max`` is off by a few ulps of ``top`` (at most 3 roundings of 2**-24
+    relative): the code may differ from the formula's only where that value
+    lies that close to a half-integer, and then by one. Either way the
+    decoded value is within half a step (``max / top / 2``) of the value,
+    plus those ulps.
+    """
+    bits = 8 if precision == "int8" else 4
+    top = 2 ** (bits - 1) - 1
+    generator = torch.Generator().manual_seed(numel)
+    value = torch.randn(numel, generator=generator, dtype=torch.float64) * scale
+    value = value.float()
+    stored = QuantizedState.encode(value, precision, signed=True, linear=True)
+    assert stored.linear and stored.codes.numel() * 8 // bits % BLOCK_SIZES[precision] == 0
+    block = BLOCK_SIZES[precision]
+    padded = torch.nn.functional.pad(value.double(), (0, (-numel) % block)).view(-1, block)
+    maxima = padded.abs().amax(dim=1, keepdim=True)
+    exact = (padded / torch.where(maxima > 0, maxima, 1.0) * top).reshape(-1)[:numel]
+    codes = stored.codes.long()
+    if bits == 4:
+        codes = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1)
+    codes = codes[:numel]
+    half = top + 1  # code half + k stands for k / top, code half - 1 - k for -k / top
+    codes = torch.where(codes >= half, codes - half, -(half - 1 - codes))
+    near_half = (exact - exact.floor() - 0.5).abs() < 8 * 2**-24 * top
+    assert not bool(((codes != torch.round(exact)) & ~near_half).any())
+    assert bool(((codes - exact).abs() <= 0.5 + 8 * 2**-24 * top).all())
+    decoded = stored.dequantize().double()
+    bound = (maxima / top / 2 * (1 + 1e-5)).expand_as(padded).reshape(-1)[:numel]
+    assert torch.all((decoded - value.double()).abs() <= bound)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_linear_codes_survive_a_decode_and_encode(precision: str) -> None:
+    """Re-encoding the decoded value gives the same values and scales (a sharded load does it).
+
+    Only zero has two codes (a small negative value's and 0's), as in the dynamic table.
+    """
+    value = torch.randn(10_000, generator=torch.Generator().manual_seed(7)) ** 3
+    stored = QuantizedState.encode(value, precision, signed=True, linear=True)
+    again = QuantizedState.encode(stored.dequantize(), precision, signed=True, linear=True)
+    assert torch.equal(again.dequantize(), stored.dequantize())
+    assert torch.equal(again.scales, stored.scales)
+
+
+def test_a_linear_state_keeps_its_table_through_copies_and_pickles() -> None:
+    value = torch.randn(64, 128)
+    stored = QuantizedState.encode(value, "int8", signed=True, linear=True)
+    for copied in (copy.deepcopy(stored), pickle.loads(pickle.dumps(stored)), stored.clone()):
+        assert isinstance(copied, QuantizedState) and copied.linear
+        assert torch.equal(copied.dequantize(), stored.dequantize())
+    names, context = stored.__tensor_flatten__()
+    inner = {name: getattr(stored, name) for name in names}
+    rebuilt = QuantizedState.__tensor_unflatten__(inner, context, stored.shape, stored.stride())
+    assert rebuilt.linear and torch.equal(rebuilt.dequantize(), stored.dequantize())
+    older = QuantizedState.__tensor_unflatten__(inner, context[:4], stored.shape, stored.stride())
+    assert not older.linear  # a record saved before the linear table decodes as dynamic
+    dynamic = QuantizedState.encode(value, "int8", signed=True)
+    dynamic.copy_(stored)  # another table: decoded and re-encoded, not its codes copied
+    assert not dynamic.linear
+    assert torch.equal(dynamic.dequantize(), QuantizedState.encode(
+        stored.dequantize(), "int8", signed=True).dequantize())  # fmt: skip
+
+
 # ------------------------------------------------ the tensor
 def test_a_quantized_state_behaves_as_its_value() -> None:
     value = torch.randn(64, 128)
@@ -165,6 +254,68 @@ def test_large_slots_are_stored_low_and_small_ones_stay_full(name: str, precisio
     assert not any(isinstance(v, QuantizedState) for v in optimizer.state[params[1]].values())
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_muons_momentum_takes_the_linear_table_and_adamws_moments_theirs(
+    precision: str,
+) -> None:
+    """After one step from zero, Muon's momentum is (1 - momentum) * g, stored linearly."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.nn.Parameter(torch.randn(96, 128, generator=generator))
+    head = torch.nn.Parameter(torch.randn(96, 128, generator=generator))
+    groups = [
+        {"params": [("blocks.0.weight", hidden)]},
+        {"params": [("head.weight", head)], "use_muon": False},
+    ]
+    optimizer = optiplug.create("muon", groups, state_precision=precision, momentum=0.9)
+    hidden.grad = torch.randn(hidden.shape, generator=generator)
+    head.grad = torch.randn(head.shape, generator=generator)
+    optimizer.step()
+    momentum = optimizer.state[hidden]["momentum_buffer"]
+    assert isinstance(momentum, QuantizedState) and momentum.linear
+    for key, linear in (("exp_avg", False), ("exp_avg_sq", precision == "int4")):
+        moment = optimizer.state[head][key]
+        assert isinstance(moment, QuantizedState) and moment.linear == linear, key
+    expected = torch.zeros_like(hidden).lerp_(hidden.grad, 1 - 0.9)
+    again = QuantizedState.encode(expected, precision, signed=True, linear=True)
+    assert torch.equal(momentum.codes, again.codes) and torch.equal(momentum.scales, again.scales)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+@pytest.mark.parametrize("impl", ["loop", "fused"])
+def test_int4_second_moments_take_the_linear_table_without_zero(name: str, impl: str) -> None:
+    """Li et al.'s (and torchao's) 4-bit second moment: ``k / 16``, never zero; int8 keeps
+    the dynamic table; the first moment stays dynamic in both."""
+    for precision, linear in (("int4", True), ("int8", False)):
+        params = _params(shape=(96, 128))
+        optimizer = optiplug.create(name, params, impl=impl, state_precision=precision)
+        _run(optimizer, params, 0, 3)
+        first, second = (optimizer.state[params[0]][k] for k in ("exp_avg", "exp_avg_sq"))
+        assert isinstance(second, QuantizedState) and not second.signed
+        assert second.linear == linear and isinstance(first, QuantizedState) and not first.linear
+        if linear:
+            smallest = second.scales.repeat_interleave(BLOCK_SIZES[precision]) / 16
+            decoded = second.dequantize().reshape(-1)
+            assert torch.all(decoded >= smallest[: decoded.numel()] * (1 - 1e-6))
+
+
+def test_a_muon_checkpoint_with_a_dynamic_momentum_loads_linear(tmp_path: Path) -> None:
+    """State saved in the dynamic table (as before the linear one) is re-encoded on load."""
+    params = _params(shape=(96, 128))
+    named = [(f"p{i}", p) for i, p in enumerate(params)]
+    optimizer = _create("muon", named, state_precision="int8")
+    _run(optimizer, params, 0, 2)
+    momentum = optimizer.state[params[0]]["momentum_buffer"]
+    old = QuantizedState.encode(momentum.dequantize(), "int8", signed=True, writes=momentum.writes)
+    optimizer.state[params[0]]["momentum_buffer"] = old
+    checkpoint.save(tmp_path / "ckpt", optimizer)
+    loaded = _create("muon", [(f"p{i}", p) for i, p in enumerate(params)], state_precision="int8")
+    checkpoint.load(tmp_path / "ckpt", loaded)
+    got = loaded.state[params[0]]["momentum_buffer"]
+    assert isinstance(got, QuantizedState) and got.linear
+    expected = QuantizedState.encode(old.dequantize(), "int8", signed=True, linear=True)
+    assert torch.equal(got.codes, expected.codes)
+
+
 @pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
 @pytest.mark.parametrize("precision", LOW)
 def test_the_update_is_torchs_on_the_decoded_state(name: str, precision: str) -> None:
@@ -214,7 +365,8 @@ def test_resume_through_a_checkpoint_is_bit_equal(
 
 
 @pytest.mark.parametrize(
-    ("saved", "loading"), [("fp32", "int8"), ("int8", "fp32"), ("int4", "bf16")]
+    ("saved", "loading"),
+    [("fp32", "int8"), ("int8", "fp32"), ("int4", "bf16"), ("int8", "int4"), ("int4", "int8")],
 )
 def test_a_checkpoint_loads_into_another_precision(
     saved: str, loading: str, tmp_path: Path
@@ -236,6 +388,7 @@ def test_a_checkpoint_loads_into_another_precision(
                 loading,
                 signed=key == "exp_avg",
                 writes=before.writes if isinstance(before, QuantizedState) else 0,
+                linear=key == "exp_avg_sq" and loading == "int4",
             )
             if loading != "fp32"
             else before.dequantize()

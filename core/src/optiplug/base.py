@@ -546,6 +546,11 @@ class ValidatedLoading(torch.optim.Optimizer):
     ``state_precision`` is int8 or int4 (second moments: never negative, and
     never to be rounded to zero)."""
 
+    linear_slots: ClassVar[frozenset[str]] = frozenset()
+    """State slots kept with the linear signed table (evenly spaced codes)
+    instead of the dynamic one when a group's ``state_precision`` is int8 or
+    int4; none by default (Muon names its momentum)."""
+
 
 class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     """What both optimizer bases share: an algorithm name, a config class, implementations."""
@@ -706,7 +711,10 @@ class TorchBackedOptimizer(_ContractOptimizer):
         torch_step = super().step
         fused = _fused_step_of(self)
         cautious_weight_decay(
-            self, lambda: step_in_state_precision(self, torch_step, self.second_moments, fused)
+            self,
+            lambda: step_in_state_precision(
+                self, torch_step, self.second_moments, fused, self.linear_slots
+            ),
         )
         return loss
 
@@ -1339,7 +1347,9 @@ class KernelTableOptimizer(_ContractOptimizer):
         self._take_measured_choice()
         loss = closure_loss(closure)
         state_step = self._state_kernel_step if self.state_kernel is not None else None
-        step_in_state_precision(self, self._kernel_step, self.second_moments, state_step)
+        step_in_state_precision(
+            self, self._kernel_step, self.second_moments, state_step, self.linear_slots
+        )
         return loss
 
     def _state_kernel_scalars(self, group: dict[str, Any]) -> Mapping[str, float] | None:

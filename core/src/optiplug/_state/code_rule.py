@@ -24,6 +24,11 @@ above ``m``. The C loops read it from ``m``'s float32 exponent instead: a
 binade spans less than a decade, so the decade of the binade's lowest float
 (:attr:`CodeRule.binade_decades`) is ``m``'s or one above it, told apart by
 one comparison with that decade's threshold.
+
+A *linear* table (evenly spaced magnitudes, :func:`code_rule` with
+``linear=True``) is the same rule with one decade spanning all of [0, 1]:
+``round((m - shift) * slope)``, clamped at code 0 (the unsigned table's
+lowest value is one step above zero, so a smaller magnitude reads it).
 """
 
 from __future__ import annotations
@@ -72,16 +77,19 @@ def _float32(value: float) -> float:
 
 
 @functools.cache
-def code_rule(bits: int, signed: bool) -> CodeRule:
+def code_rule(bits: int, signed: bool, linear: bool = False) -> CodeRule:
     """The constants of the ``bits``-bit table (signed: a first moment's; else without zero).
 
     Args:
         bits: 4 or 8.
         signed: the signed table (with zero) or the unsigned one without zero.
+        linear: the linear table of that kind instead of the dynamic one.
 
     Returns:
         The table's :class:`CodeRule`.
     """
+    if linear:
+        return _linear_rule(bits, signed)
     k = bits - 1 if signed else bits
     steps = [2 ** (k - 1 - e) for e in range(k)]
     lowest_is_zero = [signed and e == k - 1 for e in range(k)]
@@ -100,6 +108,19 @@ def code_rule(bits: int, signed: bool) -> CodeRule:
     )
     lowest_floats = [_float32(2.0 ** (exponent - 127)) for exponent in _exponents()]
     return attrs.evolve(partial, binade_decades=tuple(partial.decade_of(f) for f in lowest_floats))
+
+
+def _linear_rule(bits: int, signed: bool) -> CodeRule:
+    """One decade over [0, 1]: magnitudes ``i / top`` (signed, ``top = 2**(bits-1) - 1``,
+    code ``i``) or ``(i + 1) / 2**bits`` (unsigned, without zero, code ``i``)."""
+    count = 2 ** (bits - 1) - 1 if signed else 2**bits
+    return CodeRule(
+        thresholds=(1.0,),
+        scales=(1.0,),
+        shifts=(0.0 if signed else _float32(1 / count),),
+        slopes=(float(count),),
+        binade_decades=(0,) * _BINADES,
+    )
 
 
 def _exponents() -> range:

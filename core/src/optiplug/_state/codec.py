@@ -15,7 +15,14 @@ full-precision tensor (its shape and dtype are the parameter's) and stores
   *without zero* (Li et al. 2023, "Memory Efficient Optimizers with 4-bit
   States", arXiv 2309.01507: a second moment rounded to zero turns
   ``m / (sqrt(v) + eps)`` into a huge step); its smallest code is one more
-  decade down instead.
+  decade down instead; in int4 it takes the *linear* unsigned map without
+  zero, ``k / 16`` for ``k = 1..16`` (the same paper's, and torchao's), as
+  16 dynamic values over four decades leave it too coarse
+  (:data:`LINEAR_SECOND_MOMENTS`). A slot an optimizer names in its
+  ``linear_slots`` (Muon's momentum) takes the *linear* signed table instead:
+  ``k / (2**(bits-1) - 1)`` for every integer ``k`` of that magnitude or
+  less, the symmetric linear map Gupta et al. 2025 ("Effective Quantization
+  of Muon Optimizer States", arXiv 2509.23106) quantize Muon's momentum with.
 * ``bf16``: the value rounded stochastically to bfloat16 (random bits added
   below the 16 kept ones, then truncated), which is unbiased, so small
   updates accumulate instead of vanishing. The random bits are a hash of
@@ -54,6 +61,7 @@ __all__ = [
     "convert_state",
     "dynamic_table",
     "in_precision",
+    "linear_table",
     "group_precision",
     "step_in_state_precision",
 ]
@@ -113,9 +121,33 @@ def dynamic_table(bits: int, signed: bool, zero: bool = True) -> tuple[float, ..
 
 
 @functools.cache
-def _table(bits: int, signed: bool, device: torch.device) -> torch.Tensor:
+def linear_table(bits: int, signed: bool) -> tuple[float, ...]:
+    """The values of the linear code of ``bits`` bits, sorted: ``table[code]`` decodes.
+
+    Signed: the magnitudes ``i / top`` (``top = 2**(bits-1) - 1``, ``i =
+    0..top``) with both signs, 0 twice, as in :func:`dynamic_table` (0 and
+    +/-1 exact). Unsigned: ``(i + 1) / 2**bits`` for ``i = 0..2**bits-1``,
+    without zero (Li et al.'s linear map for a second moment).
+
+    Args:
+        bits: 4 or 8.
+        signed: whether negative values have codes.
+
+    Returns:
+        ``2**bits`` values in ascending order.
+    """
+    if not signed:
+        return tuple((i + 1) / 2**bits for i in range(2**bits))
+    top = 2 ** (bits - 1) - 1
+    magnitudes = [i / top for i in range(top + 1)]
+    return (*(-m if m else 0.0 for m in reversed(magnitudes)), *magnitudes)
+
+
+@functools.cache
+def _table(bits: int, signed: bool, device: torch.device, linear: bool = False) -> torch.Tensor:
     """The decoding table (float32, on ``device``); a second moment's has no zero."""
-    return torch.tensor(dynamic_table(bits, signed, zero=signed), dtype=torch.float32).to(device)
+    values = linear_table(bits, signed) if linear else dynamic_table(bits, signed, zero=signed)
+    return torch.tensor(values, dtype=torch.float32).to(device)
 
 
 # ------------------------------------------------------------------ encoding
@@ -128,33 +160,36 @@ def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @functools.cache
-def _rule_tensors(bits: int, signed: bool, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _rule_tensors(
+    bits: int, signed: bool, linear: bool, device: torch.device
+) -> tuple[torch.Tensor, ...]:
     """:func:`code_rule`'s thresholds, scales, shifts and slopes as float32 tensors on ``device``."""
-    rule = code_rule(bits, signed)
+    rule = code_rule(bits, signed, linear)
     return tuple(
         torch.tensor(values, dtype=torch.float32, device=device)
         for values in (rule.thresholds, rule.scales, rule.shifts, rule.slopes)
     )
 
 
-def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
+def _codes(normalized: torch.Tensor, bits: int, signed: bool, linear: bool = False) -> torch.Tensor:
     """The code of each value in [-1, 1] by the table's decade rule (int32).
 
     A magnitude's decade is the number of thresholds at or above it; its
     index is ``round((m * scale - shift) * slope)`` in float32 with that
-    decade's constants (:mod:`.code_rule`): the nearest table value's except
-    within a few ulps of a midpoint. A magnitude above 1, inf or NaN reads 1. A
-    negative value takes the mirrored code. The C loops of
+    decade's constants (:mod:`.code_rule`), at least 0: the nearest table
+    value's except within a few ulps of a midpoint. A magnitude above 1, inf
+    or NaN reads 1. A negative value takes the mirrored code. ``linear``:
+    the linear table's rule (one decade). The C loops of
     :mod:`.native_codec` compute the same, bit for bit.
     """
     magnitude = normalized.abs()
     magnitude = torch.where(magnitude <= 1.0, magnitude, 1.0)
-    thresholds, scales, shifts, slopes = _rule_tensors(bits, signed, magnitude.device)
+    thresholds, scales, shifts, slopes = _rule_tensors(bits, signed, linear, magnitude.device)
     decade = torch.zeros(magnitude.shape, dtype=torch.int64, device=magnitude.device)
     for threshold in thresholds[1:]:
         decade += magnitude <= threshold
     index = torch.round((magnitude * scales[decade] - shifts[decade]) * slopes[decade])
-    index = index.to(torch.int32)
+    index = index.clamp_min(0).to(torch.int32)
     if not signed:
         return index
     half = 1 << (bits - 1)  # sorted: the negatives, 0 twice, the positives
@@ -162,22 +197,25 @@ def _codes(normalized: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
 
 
 def _encode_blocks(
-    value: torch.Tensor, bits: int, signed: bool, block: int
+    value: torch.Tensor, bits: int, signed: bool, block: int, linear: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes (uint8; int4 packed two per byte) and per-block absolute maxima of ``value``."""
+    """Codes (uint8; int4 packed two per byte) and per-block absolute maxima of ``value``.
+
+    ``linear`` codes by :func:`linear_table`, otherwise by the dynamic table.
+    """
     flat = value.detach().reshape(-1).float().contiguous()
     codec = _native_for(flat)
     if codec is None:
-        return _encode_blocks_torch(flat, bits, signed, block)
+        return _encode_blocks_torch(flat, bits, signed, block, linear)
     blocks = -(-flat.numel() // block)
     codes = torch.empty(blocks * block * bits // 8, dtype=torch.uint8)
     scales = torch.empty(blocks, dtype=torch.float32)
-    codec.encode(flat, bits, signed, block, (codes, scales))
+    codec.encode(flat, bits, signed, block, (codes, scales), linear)
     return codes, scales
 
 
 def _encode_blocks_torch(
-    flat: torch.Tensor, bits: int, signed: bool, block: int
+    flat: torch.Tensor, bits: int, signed: bool, block: int, linear: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_encode_blocks` in torch ops (any device)."""
     blocks = _blocks(flat, block)
@@ -187,7 +225,7 @@ def _encode_blocks_torch(
     rows = max(1, CHUNK // block)  # a chunk's temporaries stay in cache
     for start in range(0, blocks.shape[0], rows):
         part = slice(start, start + rows)
-        codes[part] = _codes(blocks[part] * inverses[part], bits, signed)
+        codes[part] = _codes(blocks[part] * inverses[part], bits, signed, linear)
     flat_codes = codes.reshape(-1)
     if bits == 4:
         flat_codes = flat_codes[0::2] | (flat_codes[1::2] << 4)
@@ -195,10 +233,15 @@ def _encode_blocks_torch(
 
 
 def _decode_blocks(
-    codes: torch.Tensor, scales: torch.Tensor, bits: int, signed: bool, numel: int
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    signed: bool,
+    numel: int,
+    linear: bool = False,
 ) -> torch.Tensor:
     """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements)."""
-    values = _table(bits, signed, codes.device)
+    values = _table(bits, signed, codes.device, linear)
     codec = _native_for(codes)
     if codec is not None and codes.is_contiguous() and scales.is_contiguous():
         out = torch.empty(numel, dtype=torch.float32)
@@ -260,6 +303,8 @@ class QuantizedState(torch.Tensor):
         scales: float32 per-block maxima (an empty tensor for bf16).
         precision: ``"int8"``, ``"int4"`` or ``"bf16"``.
         signed: whether the table has negative values (False: a second moment).
+        linear: whether the codes index :func:`linear_table` (a slot named in
+            an optimizer's ``linear_slots``) rather than the dynamic table.
         writes: how many times the value was stored (seeds bf16's rounding).
     """
 
@@ -267,6 +312,7 @@ class QuantizedState(torch.Tensor):
     scales: torch.Tensor
     precision: str
     signed: bool
+    linear: bool
     writes: int
 
     @staticmethod
@@ -279,12 +325,14 @@ class QuantizedState(torch.Tensor):
         shape: Sequence[int],
         dtype: torch.dtype,
         writes: int = 0,
+        linear: bool = False,
     ) -> QuantizedState:
         made = torch.Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=dtype, device=codes.device
         )
         made.codes, made.scales = codes, scales
         made.precision, made.signed, made.writes = precision, signed, writes
+        made.linear = linear
         return made
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -292,30 +340,41 @@ class QuantizedState(torch.Tensor):
 
     @classmethod
     def encode(
-        cls, value: torch.Tensor, precision: str, *, signed: bool, writes: int = 0
+        cls,
+        value: torch.Tensor,
+        precision: str,
+        *,
+        signed: bool,
+        writes: int = 0,
+        linear: bool = False,
     ) -> QuantizedState:
-        """``value`` stored in ``precision`` (``"int8"``, ``"int4"`` or ``"bf16"``)."""
-        codes, scales = _encoded(value, precision, signed, writes)
-        return cls(codes, scales, precision, signed, value.shape, value.dtype, writes)
+        """``value`` stored in ``precision`` (``"int8"``, ``"int4"`` or ``"bf16"``).
+
+        ``linear`` codes int8/int4 by :func:`linear_table`; bf16 ignores it.
+        """
+        linear = linear and precision != "bf16"
+        codes, scales = _encoded(value, precision, signed, writes, linear)
+        return cls(codes, scales, precision, signed, value.shape, value.dtype, writes, linear)
 
     def dequantize(self) -> torch.Tensor:
         """The value, decoded to a plain tensor of this tensor's dtype."""
         if self.precision == "bf16":
             return self.codes.to(self.dtype).reshape(self.shape)
         bits = _BITS[self.precision]
-        flat = _decode_blocks(self.codes, self.scales, bits, self.signed, self.numel())
+        flat = _decode_blocks(self.codes, self.scales, bits, self.signed, self.numel(), self.linear)
         return flat.to(self.dtype).reshape(self.shape)
 
     def store(self, value: torch.Tensor) -> None:
         """Write ``value`` (a plain tensor of this shape) into the codes and scales, in place."""
         self.writes += 1
-        codes, scales = _encoded(value, self.precision, self.signed, self.writes)
+        codes, scales = _encoded(value, self.precision, self.signed, self.writes, self.linear)
         self.codes.copy_(codes)
         self.scales.copy_(scales)
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
         dtype = str(self.dtype).removeprefix("torch.")
-        return ["codes", "scales"], (self.precision, self.signed, self.writes, dtype)
+        context = (self.precision, self.signed, self.writes, dtype, self.linear)
+        return ["codes", "scales"], context
 
     @classmethod
     def __tensor_unflatten__(
@@ -325,9 +384,12 @@ class QuantizedState(torch.Tensor):
         outer_size: Sequence[int],
         outer_stride: Sequence[int],
     ) -> QuantizedState:
-        precision, signed, writes, dtype = context
+        precision, signed, writes, dtype, *rest = context  # no ``linear``: saved before it was
         decoded = getattr(torch, dtype)
-        return cls(inner["codes"], inner["scales"], precision, signed, outer_size, decoded, writes)
+        linear = bool(rest[0]) if rest else False
+        return cls(
+            inner["codes"], inner["scales"], precision, signed, outer_size, decoded, writes, linear
+        )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (
@@ -340,6 +402,7 @@ class QuantizedState(torch.Tensor):
                 tuple(self.shape),
                 self.dtype,
                 self.writes,
+                self.linear,
             ),
         )
 
@@ -352,6 +415,7 @@ class QuantizedState(torch.Tensor):
             self.shape,
             self.dtype,
             self.writes,
+            self.linear,
         )
         memo[id(self)] = copied
         return copied
@@ -359,7 +423,7 @@ class QuantizedState(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
             f"QuantizedState({self.precision}, shape={tuple(self.shape)}, "
-            f"signed={self.signed}, value={self.dequantize()!r})"
+            f"signed={self.signed}, linear={self.linear}, value={self.dequantize()!r})"
         )
 
     @classmethod
@@ -390,9 +454,10 @@ def _rebuilt(
     shape: tuple[int, ...],
     dtype: torch.dtype,
     writes: int,
+    linear: bool = False,
 ) -> QuantizedState:
-    """The pickle constructor of :class:`QuantizedState`."""
-    return QuantizedState(codes, scales, precision, signed, shape, dtype, writes)
+    """The pickle constructor of :class:`QuantizedState` (``linear``: absent before it was)."""
+    return QuantizedState(codes, scales, precision, signed, shape, dtype, writes, linear)
 
 
 torch.serialization.add_safe_globals([_rebuilt])
@@ -402,12 +467,12 @@ plain values only."""
 
 
 def _encoded(
-    value: torch.Tensor, precision: str, signed: bool, writes: int
+    value: torch.Tensor, precision: str, signed: bool, writes: int, linear: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if precision == "bf16":
         empty = torch.empty(0, dtype=torch.float32, device=value.device)
         return _stochastic_bf16(value, writes).reshape(-1), empty
-    return _encode_blocks(value, _BITS[precision], signed, BLOCK_SIZES[precision])
+    return _encode_blocks(value, _BITS[precision], signed, BLOCK_SIZES[precision], linear)
 
 
 def _plain(value: Any) -> Any:
@@ -416,7 +481,14 @@ def _plain(value: Any) -> Any:
 
 def _same_kind(source: QuantizedState, codes: torch.Tensor, scales: torch.Tensor) -> QuantizedState:
     return QuantizedState(
-        codes, scales, source.precision, source.signed, source.shape, source.dtype, source.writes
+        codes,
+        scales,
+        source.precision,
+        source.signed,
+        source.shape,
+        source.dtype,
+        source.writes,
+        source.linear,
     )
 
 
@@ -430,13 +502,20 @@ def _clone(value: QuantizedState, **_: Any) -> QuantizedState:
 
 def _copy(target: Any, source: Any, non_blocking: bool = False) -> Any:
     if isinstance(target, QuantizedState):
-        if isinstance(source, QuantizedState) and source.precision == target.precision:
+        if isinstance(source, QuantizedState) and _same_code(source, target):
             target.codes.copy_(source.codes)
             target.scales.copy_(source.scales)
         else:
             target.store(_plain(source).reshape(target.shape))
         return target
     return target.copy_(_plain(source))
+
+
+def _same_code(one: QuantizedState, other: QuantizedState) -> bool:
+    """Whether ``one``'s codes and scales mean the same in ``other`` (same precision and table)."""
+    if one.precision != other.precision:
+        return False
+    return one.precision == "bf16" or (one.signed, one.linear) == (other.signed, other.linear)
 
 
 def _zero(value: QuantizedState) -> QuantizedState:
@@ -510,8 +589,13 @@ def decoded(value: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ slots in a precision
-def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.Tensor:
+def in_precision(
+    value: torch.Tensor, precision: str, *, signed: bool, linear: bool = False
+) -> torch.Tensor:
     """``value`` converted to ``precision`` (a plain tensor for ``"fp32"``).
+
+    ``linear`` codes int8/int4 by :func:`linear_table` (a stored slot in the
+    other table is re-encoded).
 
     A tensor under :data:`MIN_QUANTIZED_NUMEL` elements, or one that is not
     floating point, stays as it is (plain, decoded if it was stored low). A
@@ -524,31 +608,41 @@ def in_precision(value: torch.Tensor, precision: str, *, signed: bool) -> torch.
         small = value.numel() < MIN_QUANTIZED_NUMEL
         chosen = "fp32" if small else precision
         local = local_of(value)
-        converted = _in_precision_local(local, chosen, signed, smallest=0)
+        converted = _in_precision_local(local, chosen, signed, linear, smallest=0)
         return value if converted is local else sharded_like(value, converted)
-    return _in_precision_local(value, precision, signed, smallest=MIN_QUANTIZED_NUMEL)
+    return _in_precision_local(value, precision, signed, linear, smallest=MIN_QUANTIZED_NUMEL)
 
 
 def _in_precision_local(
-    value: torch.Tensor, precision: str, signed: bool, smallest: int
+    value: torch.Tensor, precision: str, signed: bool, linear: bool, smallest: int
 ) -> torch.Tensor:
     """:func:`in_precision` of a plain (or quantized) tensor; under ``smallest`` elements: plain."""
     plain: torch.Tensor = _plain(value)
     if precision == "fp32" or plain.numel() < smallest or not plain.is_floating_point():
         return plain
+    linear = linear and precision != "bf16"
     if (
         isinstance(value, QuantizedState)
         and value.precision == precision
         and value.signed == signed
+        and value.linear == linear
     ):
         return value
     writes = value.writes if isinstance(value, QuantizedState) else 0
-    return QuantizedState.encode(plain, precision, signed=signed, writes=writes)
+    return QuantizedState.encode(plain, precision, signed=signed, writes=writes, linear=linear)
 
 
 # ------------------------------------------------------------------ optimizers' state in a precision
 SECOND_MOMENTS = frozenset({"exp_avg_sq", "max_exp_avg_sq"})
 """Slots kept with the unsigned table without zero, by default (torch's names for them)."""
+
+NO_SLOTS: frozenset[str] = frozenset()
+"""No slot takes the linear table, by default."""
+
+LINEAR_SECOND_MOMENTS = frozenset({"int4"})
+"""Precisions whose second moments take the linear table without zero, ``k / 16``
+(Li et al. 2023's linear map, torchao's 4-bit second moment): with 16 codes, the
+dynamic table's decades leave a second moment's relative error up to 50%."""
 
 
 def group_precision(group: Mapping[str, Any]) -> str:
@@ -570,6 +664,7 @@ def convert_state(
     optimizer: torch.optim.Optimizer,
     params: Sequence[torch.Tensor] | None = None,
     second_moments: frozenset[str] = SECOND_MOMENTS,
+    linear_slots: frozenset[str] = NO_SLOTS,
 ) -> None:
     """Store every parameter's state slots in its group's ``state_precision``.
 
@@ -582,6 +677,7 @@ def convert_state(
         optimizer: any optimizer whose groups may carry ``state_precision``.
         params: only these parameters (None: all).
         second_moments: slot names that take the unsigned table without zero.
+        linear_slots: slot names that take the linear signed table.
     """
     chosen = None if params is None else {id(p) for p in params}
     for group in optimizer.param_groups:
@@ -592,8 +688,37 @@ def convert_state(
                 continue
             for key, value in list(state.items()):
                 if _is_state_tensor(key, value, param):
-                    signed = key not in second_moments
-                    state[key] = in_precision(value, precision, signed=signed)
+                    state[key] = _slot_in_precision(
+                        key, value, precision, second_moments, linear_slots
+                    )
+
+
+def slot_table(
+    key: str, precision: str, second_moments: frozenset[str], linear_slots: frozenset[str]
+) -> tuple[bool, bool]:
+    """``(signed, linear)``: the table slot ``key`` takes in ``precision``.
+
+    A second moment takes the unsigned table without zero: the dynamic one,
+    or in :data:`LINEAR_SECOND_MOMENTS` precisions the linear one. Any other
+    slot takes the signed table: linear when named in ``linear_slots``.
+    """
+    signed = key not in second_moments
+    if precision == "bf16":
+        return signed, False
+    linear = key in linear_slots if signed else precision in LINEAR_SECOND_MOMENTS
+    return signed, linear
+
+
+def _slot_in_precision(
+    key: str,
+    value: torch.Tensor,
+    precision: str,
+    second_moments: frozenset[str],
+    linear_slots: frozenset[str],
+) -> torch.Tensor:
+    """Slot ``key``'s ``value`` in ``precision``, in the table its name calls for."""
+    signed, linear = slot_table(key, precision, second_moments, linear_slots)
+    return in_precision(value, precision, signed=signed, linear=linear)
 
 
 def step_in_state_precision(
@@ -601,6 +726,7 @@ def step_in_state_precision(
     step: Callable[[], Any],
     second_moments: frozenset[str] = SECOND_MOMENTS,
     fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
+    linear_slots: frozenset[str] = NO_SLOTS,
 ) -> None:
     """Run ``step`` (a closure-free step over ``optimizer.param_groups``) in each group's precision.
 
@@ -620,6 +746,7 @@ def step_in_state_precision(
         fused_step: tried first for each parameter of a low-precision group
             (with its group); when it returns True it has stepped that
             parameter on its stored state, which is then not decoded.
+        linear_slots: slot names that take the linear signed table.
     """
     groups = optimizer.param_groups
     low = [group for group in groups if group_precision(group) != "fp32"]
@@ -629,14 +756,16 @@ def step_in_state_precision(
     try:
         full = [group for group in groups if group_precision(group) == "fp32"]
         if full:  # stored codes there (a group switched back to fp32) are decoded first
-            convert_state(optimizer, [p for g in full for p in g["params"]], second_moments)
+            params = [p for g in full for p in g["params"]]
+            convert_state(optimizer, params, second_moments, linear_slots)
             optimizer.param_groups = full
             step()
         for group in low:
             for index, param in enumerate(group["params"]):
                 if param.grad is not None:
                     optimizer.param_groups = [_narrowed(group, index)]
-                    _step_one(optimizer, param, step, second_moments, fused_step)
+                    tables = (second_moments, linear_slots)
+                    _step_one(optimizer, param, step, tables, fused_step)
     finally:
         optimizer.param_groups = groups
 
@@ -654,9 +783,11 @@ def _step_one(
     optimizer: torch.optim.Optimizer,
     param: torch.Tensor,
     step: Callable[[], Any],
-    second_moments: frozenset[str],
+    tables: tuple[frozenset[str], frozenset[str]],
     fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
 ) -> None:
+    """Step ``param`` alone on its decoded slots; store them back (``tables``: the second
+    moments' and the linear slots' names)."""
     if fused_step is not None and fused_step(optimizer, optimizer.param_groups[0], param):
         return
     state = optimizer.state[param]
@@ -669,8 +800,16 @@ def _step_one(
         if not _is_state_tensor(key, value, param):
             continue
         kept = stored.get(key)
-        if kept is not None and local_of(kept).precision == precision:
+        if kept is not None and _same_table(local_of(kept), key, precision, tables):
             local_of(kept).store(local_of(value))
             state[key] = kept
         else:
-            state[key] = in_precision(value, precision, signed=key not in second_moments)
+            state[key] = _slot_in_precision(key, value, precision, *tables)
+
+
+def _same_table(
+    kept: QuantizedState, key: str, precision: str, tables: tuple[frozenset[str], frozenset[str]]
+) -> bool:
+    """Whether slot ``key`` stored as ``kept`` is already in ``precision`` and its table."""
+    _, linear = slot_table(key, precision, *tables)
+    return kept.precision == precision and (precision == "bf16" or kept.linear == linear)

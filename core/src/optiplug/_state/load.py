@@ -231,7 +231,11 @@ def load_state_dict(
     state, groups = _build(optimizer, spec, state_dict, report)
     _commit(optimizer, state, groups, spec)
     # each group keeps its own state_precision: the loaded slots are stored in it
-    convert_state(optimizer, second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS))
+    convert_state(
+        optimizer,
+        second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS),
+        linear_slots=getattr(optimizer, "linear_slots", frozenset()),
+    )
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)
     return sorted(([] if strict else report.problems) + report.changed)

@@ -403,20 +403,20 @@ _STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int, _POIN
 class _SlotTables:
     """One code's tables for the C loop, kept alive with the structure pointing at them."""
 
-    def __init__(self, bits: int, signed: bool) -> None:
-        self.table = _table(bits, signed, torch.device("cpu")).contiguous()
+    def __init__(self, bits: int, signed: bool, linear: bool = False) -> None:
+        self.table = _table(bits, signed, torch.device("cpu"), linear).contiguous()
         # byte k of every value, for k = 0..3 (little-endian: the low byte first)
         self.planes = self.table.view(torch.uint8).view(-1, 4).t().contiguous()
-        self.rule = rule_structure(bits, signed)
+        self.rule = rule_structure(bits, signed, linear)
         half = 1 << (bits - 1) if signed else 0
         pointers = self.table.data_ptr(), self.planes.data_ptr()
         self.codes = _Codes(*pointers, ctypes.pointer(self.rule), half)
 
 
 @functools.cache
-def _slot_tables(bits: int, signed: bool) -> _SlotTables:
-    """The cached tables of ``bits`` and ``signed``."""
-    return _SlotTables(bits, signed)
+def _slot_tables(bits: int, signed: bool, linear: bool = False) -> _SlotTables:
+    """The cached tables of ``bits``, ``signed`` and ``linear``."""
+    return _SlotTables(bits, signed, linear)
 
 
 class NativeAdam:
@@ -428,7 +428,7 @@ class NativeAdam:
         self._encode = library.function("optiplug_adam_encode", _ENCODE_ARGS)
 
     def encode(
-        self, flat: torch.Tensor, precision: str, signed: bool
+        self, flat: torch.Tensor, precision: str, signed: bool, linear: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The codes and scales of contiguous float32 ``flat`` by the step's own encoder.
 
@@ -439,6 +439,7 @@ class NativeAdam:
             flat: a contiguous one-dimensional float32 CPU tensor.
             precision: ``"int8"`` or ``"int4"``.
             signed: the signed table (a first moment) or not.
+            linear: the linear table of that kind instead of the dynamic one.
 
         Returns:
             ``(codes, scales)`` laid out as :class:`QuantizedState` keeps them.
@@ -449,7 +450,7 @@ class NativeAdam:
         scales = torch.empty(blocks, dtype=torch.float32)
         self._encode(
             flat.data_ptr(), flat.numel(), bits, codes.data_ptr(), scales.data_ptr(),
-            ctypes.byref(_slot_tables(bits, signed).codes), torch.get_num_threads(),
+            ctypes.byref(_slot_tables(bits, signed, linear).codes), torch.get_num_threads(),
         )  # fmt: skip
         return codes, scales
 
@@ -480,7 +481,8 @@ class NativeAdam:
             )  # fmt: skip
             return
         bits = CODE_BITS[exp_avg.precision]
-        first, second = _slot_tables(bits, True), _slot_tables(bits, False)
+        first = _slot_tables(bits, True, exp_avg.linear)
+        second = _slot_tables(bits, False, exp_avg_sq.linear)
         self._step(
             param.data_ptr(), grad.data_ptr(), param.numel(), bits,
             exp_avg.codes.data_ptr(), exp_avg.scales.data_ptr(),

@@ -228,7 +228,8 @@ class StateKernel:
         bits = 16 if precision == "bf16" else CODE_BITS[precision]
         count = len(slots)
         empty = torch.empty(0)
-        tables = [_slot_tables(8 if bits == 16 else bits, slot.signed) for slot in slots]
+        tables = [_slot_tables(8 if bits == 16 else bits, slot.signed, slot.linear)
+                  for slot in slots]  # fmt: skip
         codes = [empty if bits == 16 else slot.codes for slot in slots]
         scales = [empty if bits == 16 else slot.scales for slot in slots]
         halves = [slot.codes if bits == 16 else empty for slot in slots]

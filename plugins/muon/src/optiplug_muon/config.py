@@ -242,7 +242,9 @@ class MuonConfig:
             (of this param group, when given in a group dict) to Muon/AdamW.
         state_precision: how the momentum and the auxiliary AdamW's moments
             are stored: ``"fp32"`` (the parameter's dtype), ``"bf16"``,
-            ``"int8"`` or ``"int4"`` (see ``optiplug.base.QuantizedState``).
+            ``"int8"`` or ``"int4"`` (see ``optiplug.base.QuantizedState``;
+            the momentum in int8/int4 takes the linear table, the AdamW
+            moments the dynamic one).
     """
 
     lr: float = hyperparameter(0.02, learning_rate, "finite, >= 0")

@@ -230,6 +230,10 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     group_keys: ClassVar[tuple[str, ...]] = MUON_KEYS
     """The keys of this algorithm's matrix param groups (besides ``params`` and ``use_muon``)."""
     collectives_per_exchange: ClassVar[int] = 2
+    linear_slots: ClassVar[frozenset[str]] = frozenset({"momentum_buffer"})
+    """Muon's momentum takes the linear int8/int4 table: evenly spaced codes
+    (Gupta et al. 2025, arXiv 2509.23106), which Newton-Schulz tolerates
+    better than the dynamic table AdamW's moments need."""
     """Collective calls per exchange of sharded matrices (an all-to-all there and one back)."""
 
     @accepts_prepared
@@ -395,7 +399,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                 state is placed in a way it cannot be stepped (nothing is updated).
         """
         loss = closure_loss(closure)
-        step_in_state_precision(self, self._step_groups, self.second_moments)
+        step_in_state_precision(
+            self, self._step_groups, self.second_moments, linear_slots=self.linear_slots
+        )
         return loss
 
     def _step_groups(self) -> None:
