@@ -26,9 +26,10 @@ binade spans less than a decade, so the decade of the binade's lowest float
 one comparison with that decade's threshold.
 
 A *linear* table (evenly spaced magnitudes, :func:`code_rule` with
-``linear=True``) is the same rule with one decade spanning all of [0, 1]:
-``round((m - shift) * slope)``, clamped at code 0 (the unsigned table's
-lowest value is one step above zero, so a smaller magnitude reads it).
+``linear=True``) is the same rule with one decade spanning all of [0, 1],
+``round((m - shift) * slope)``; the unsigned one (without zero: its lowest
+value is one step above zero) adds a second decade below half a step whose
+scale is 0, so everything there takes code 0 and no code is negative.
 """
 
 from __future__ import annotations
@@ -111,16 +112,21 @@ def code_rule(bits: int, signed: bool, linear: bool = False) -> CodeRule:
 
 
 def _linear_rule(bits: int, signed: bool) -> CodeRule:
-    """One decade over [0, 1]: magnitudes ``i / top`` (signed, ``top = 2**(bits-1) - 1``,
-    code ``i``) or ``(i + 1) / 2**bits`` (unsigned, without zero, code ``i``)."""
-    count = 2 ** (bits - 1) - 1 if signed else 2**bits
-    return CodeRule(
-        thresholds=(1.0,),
-        scales=(1.0,),
-        shifts=(0.0 if signed else _float32(1 / count),),
-        slopes=(float(count),),
-        binade_decades=(0,) * _BINADES,
-    )
+    """Magnitudes ``i / top`` (signed, ``top = 2**(bits-1) - 1``, code ``i``) or
+    ``(i + 1) / 2**bits`` (unsigned, without zero, code ``i``): one decade over [0, 1]
+    (``round(m * top)``), or for the unsigned table ``round((m - 1/2**bits) * 2**bits)``
+    above ``1/2**(bits+1)`` and a second decade below it whose every magnitude takes
+    code 0 (scale 0), so no code is ever negative."""
+    if signed:
+        top = float(2 ** (bits - 1) - 1)
+        partial = CodeRule((1.0,), (1.0,), (0.0,), (top,), ())
+    else:
+        count = 2**bits
+        half_step = _float32(1 / (2 * count))
+        partial = CodeRule((1.0, half_step), (1.0, 0.0), (_float32(1 / count), 0.0),
+                           (float(count), 1.0), ())  # fmt: skip
+    lowest_floats = [_float32(2.0 ** (exponent - 127)) for exponent in _exponents()]
+    return attrs.evolve(partial, binade_decades=tuple(partial.decade_of(f) for f in lowest_floats))
 
 
 def _exponents() -> range:

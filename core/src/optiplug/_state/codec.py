@@ -176,8 +176,8 @@ def _codes(normalized: torch.Tensor, bits: int, signed: bool, linear: bool = Fal
 
     A magnitude's decade is the number of thresholds at or above it; its
     index is ``round((m * scale - shift) * slope)`` in float32 with that
-    decade's constants (:mod:`.code_rule`), at least 0: the nearest table
-    value's except within a few ulps of a midpoint. A magnitude above 1, inf
+    decade's constants (:mod:`.code_rule`): the nearest table value's except
+    within a few ulps of a midpoint. A magnitude above 1, inf
     or NaN reads 1. A negative value takes the mirrored code. ``linear``:
     the linear table's rule (one decade). The C loops of
     :mod:`.native_codec` compute the same, bit for bit.
@@ -189,7 +189,7 @@ def _codes(normalized: torch.Tensor, bits: int, signed: bool, linear: bool = Fal
     for threshold in thresholds[1:]:
         decade += magnitude <= threshold
     index = torch.round((magnitude * scales[decade] - shifts[decade]) * slopes[decade])
-    index = index.clamp_min(0).to(torch.int32)
+    index = index.to(torch.int32)
     if not signed:
         return index
     half = 1 << (bits - 1)  # sorted: the negatives, 0 twice, the positives

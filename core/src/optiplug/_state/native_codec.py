@@ -59,8 +59,7 @@ static inline int32_t magnitude_index(float value, const optiplug_rule *r) {
   const int32_t exponent = (int32_t)(u >> 23);
   int32_t e = r->binade_decades[exponent < LOWEST_EXPONENT ? 0 : exponent - LOWEST_EXPONENT];
   e -= m > r->thresholds[e];
-  const int32_t index = (int32_t)nearbyintf((m * r->scales[e] - r->shifts[e]) * r->slopes[e]);
-  return index < 0 ? 0 : index; /* only a linear table's rule goes below -0.5 */
+  return (int32_t)nearbyintf((m * r->scales[e] - r->shifts[e]) * r->slopes[e]);
 }
 
 /* The code of value: its magnitude's index, mirrored below half for a negative value of a
@@ -88,7 +87,7 @@ static inline __m512i codes16(__m512 value, const optiplug_rule *r, int32_t half
   const __m512 scaled = _mm512_mul_ps(m, _mm512_permutexvar_ps(e, _mm512_loadu_ps(r->scales)));
   const __m512 shifted = _mm512_sub_ps(scaled, _mm512_permutexvar_ps(e, _mm512_loadu_ps(r->shifts)));
   const __m512 t = _mm512_mul_ps(shifted, _mm512_permutexvar_ps(e, _mm512_loadu_ps(r->slopes)));
-  const __m512i index = _mm512_max_epi32(_mm512_cvtps_epi32(t), _mm512_setzero_si512());
+  const __m512i index = _mm512_cvtps_epi32(t);
   if (half == 0) return index;
   const __mmask16 negative = _mm512_cmp_ps_mask(value, _mm512_setzero_ps(), _CMP_LT_OQ);
   return _mm512_mask_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(half), index), negative,
