@@ -72,6 +72,7 @@ from ._core.specs import ImplementationSpec
 from ._lazy import lazy
 from ._native import NativeLibrary, build_c_library
 from ._state.codec import (
+    NO_SLOTS,
     SECOND_MOMENTS,
     QuantizedState,
     convert_state,
@@ -546,7 +547,7 @@ class ValidatedLoading(torch.optim.Optimizer):
     ``state_precision`` is int8 or int4 (second moments: never negative, and
     never to be rounded to zero)."""
 
-    linear_slots: ClassVar[frozenset[str]] = frozenset()
+    linear_slots: ClassVar[frozenset[str]] = NO_SLOTS
     """State slots kept with the linear signed table (evenly spaced codes)
     instead of the dynamic one when a group's ``state_precision`` is int8 or
     int4; none by default (Muon names its momentum)."""

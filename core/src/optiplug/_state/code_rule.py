@@ -107,8 +107,7 @@ def code_rule(bits: int, signed: bool, linear: bool = False) -> CodeRule:
         ),
         binade_decades=(),
     )
-    lowest_floats = [_float32(2.0 ** (exponent - 127)) for exponent in _exponents()]
-    return attrs.evolve(partial, binade_decades=tuple(partial.decade_of(f) for f in lowest_floats))
+    return _with_binade_decades(partial)
 
 
 def _linear_rule(bits: int, signed: bool) -> CodeRule:
@@ -125,6 +124,11 @@ def _linear_rule(bits: int, signed: bool) -> CodeRule:
         half_step = _float32(1 / (2 * count))
         partial = CodeRule((1.0, half_step), (1.0, 0.0), (_float32(1 / count), 0.0),
                            (float(count), 1.0), ())  # fmt: skip
+    return _with_binade_decades(partial)
+
+
+def _with_binade_decades(partial: CodeRule) -> CodeRule:
+    """``partial`` with the decade of the lowest float32 of each exponent field filled in."""
     lowest_floats = [_float32(2.0 ** (exponent - 127)) for exponent in _exponents()]
     return attrs.evolve(partial, binade_decades=tuple(partial.decade_of(f) for f in lowest_floats))
 

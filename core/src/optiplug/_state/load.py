@@ -37,7 +37,7 @@ from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
 from .check import Report, Target, TargetGroup, check, check_whole, kept_keys
-from .codec import SECOND_MOMENTS, convert_state
+from .codec import NO_SLOTS, SECOND_MOMENTS, convert_state
 from .values import ParamInfo, copied_tensor, describe, is_subclass_tensor, truthy
 
 __all__ = [
@@ -234,7 +234,7 @@ def load_state_dict(
     convert_state(
         optimizer,
         second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS),
-        linear_slots=getattr(optimizer, "linear_slots", frozenset()),
+        linear_slots=getattr(optimizer, "linear_slots", NO_SLOTS),
     )
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)

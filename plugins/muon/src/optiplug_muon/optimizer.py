@@ -230,11 +230,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     group_keys: ClassVar[tuple[str, ...]] = MUON_KEYS
     """The keys of this algorithm's matrix param groups (besides ``params`` and ``use_muon``)."""
     collectives_per_exchange: ClassVar[int] = 2
+    """Collective calls per exchange of sharded matrices (an all-to-all there and one back)."""
     linear_slots: ClassVar[frozenset[str]] = frozenset({"momentum_buffer"})
     """Muon's momentum takes the linear int8/int4 table: evenly spaced codes
     (Gupta et al. 2025, arXiv 2509.23106), which Newton-Schulz tolerates
     better than the dynamic table AdamW's moments need."""
-    """Collective calls per exchange of sharded matrices (an all-to-all there and one back)."""
 
     @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, lr: Any = _UNSET, **hparams: Any) -> None:
