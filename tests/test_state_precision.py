@@ -79,12 +79,18 @@ def test_each_value_gets_the_nearest_code(bits: int, signed: bool) -> None:
     assert torch.all(got - best <= 4 * torch.finfo(torch.float32).eps * values.abs() + 1e-12)
 
 
+def _given_blocks(max_numel: int, smallest: float, largest: float) -> Any:
+    """Hypothesis over ``(numel, precision, scale)``: a value's length, int8 or int4, and
+    the magnitude its normal draws are scaled to."""
+    return given(
+        st.integers(min_value=1, max_value=max_numel),
+        st.sampled_from(["int8", "int4"]),
+        st.floats(min_value=smallest, max_value=largest),
+    )
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    st.integers(min_value=1, max_value=3000),
-    st.sampled_from(["int8", "int4"]),
-    st.floats(min_value=1e-6, max_value=1e6),
-)
+@_given_blocks(3000, 1e-6, 1e6)
 def test_decoding_is_within_half_a_table_step_of_the_value(
     numel: int, precision: str, scale: float
 ) -> None:
@@ -142,11 +148,7 @@ def test_the_linear_tables_are_the_published_maps(bits: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.integers(min_value=1, max_value=1500),
-    st.sampled_from(["int8", "int4"]),
-    st.floats(min_value=1e-30, max_value=1e30),
-)
+@_given_blocks(1500, 1e-30, 1e30)
 def test_linear_codes_follow_the_formula_within_the_blocks_maximum(
     numel: int, precision: str, scale: float
 ) -> None:
