@@ -10,9 +10,10 @@ low-precision Muon writes its state. After each step, for the matrices together:
 - ``momentum``: ``||m_shadow - m|| / ||m||`` (Frobenius), the error the
   storage has accumulated along fp32's trajectory;
 - ``update``: ``||O(u_shadow) - O(u)|| / ||O(u)||``, where ``u`` is the
-  Nesterov direction ``g + beta * (m - g)`` and ``O`` is the quintic
-  Newton-Schulz iteration (Jordan's coefficients, 5 steps) in float64, so the
-  figure is the storage's alone, not the iteration's dtype.
+  Nesterov direction ``g + beta * (m - g)`` and ``O`` is Muon's quintic
+  Newton-Schulz iteration (``optiplug_muon.orthogonalize``: Jordan's
+  coefficients, 5 steps) in float64, so the figure is the storage's alone,
+  not the iteration's dtype.
 
 Two reference lines: ``bf16 input`` (the exact ``u`` rounded to bfloat16 once
 before ``O``, which is what Newton-Schulz in bf16 starts from) and ``step to
@@ -38,8 +39,8 @@ from optiplug._train.data import load_corpus
 from optiplug._train.loop import build_graph
 from optiplug._train.model import next_token_loss
 from optiplug.base import QuantizedState
+from optiplug_muon import orthogonalize
 
-QUINTIC = (3.4445, -4.7750, 2.0315)
 STORAGES: dict[str, tuple[str, bool]] = {
     "int8 linear (shipped)": ("int8", True),
     "int8 dynamic": ("int8", False),
@@ -49,17 +50,11 @@ STORAGES: dict[str, tuple[str, bool]] = {
 """Each storage: its precision and whether it takes the linear table."""
 
 
-def orthogonalized(matrix: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """The quintic Newton-Schulz iteration of ``matrix`` in float64."""
-    a, b, c = QUINTIC
-    x = matrix.double()
-    tall = x.shape[0] > x.shape[1]
-    x = x.T if tall else x
-    x = x / (x.norm() + 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    result: torch.Tensor = x.T if tall else x
+def orthogonalized(matrix: torch.Tensor) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz (5 steps) of ``matrix``, plainly iterated in float64."""
+    result: torch.Tensor = orthogonalize(
+        matrix, steps=5, coefficients="quintic", dtype=torch.float64, method="standard"
+    )
     return result
 
 
@@ -67,7 +62,6 @@ class Shadows:
     """Shadow momenta of every Muon matrix, per storage, and the errors per step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
         self.grads: dict[torch.Tensor, tuple[torch.Tensor, float]] = {}
         self.momenta: dict[tuple[str, torch.Tensor], QuantizedState] = {}
         self.previous: dict[torch.Tensor, torch.Tensor] = {}
@@ -88,7 +82,8 @@ class Shadows:
         sums: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * 4)
         for param, (grad, beta) in self.grads.items():
             exact = optimizer.state[param]["momentum_buffer"]
-            update = orthogonalized(grad.lerp(exact, beta))
+            direction = grad.lerp(exact, beta)
+            update = orthogonalized(direction)
             for name, (precision, linear) in STORAGES.items():
                 if (name, param) not in self.momenta:
                     zero = torch.zeros_like(exact)
@@ -100,7 +95,7 @@ class Shadows:
                 found = orthogonalized(grad.lerp(momentum, beta))
                 _add(sums[name], found, update, exact, momentum - exact)
                 stored.store(momentum)  # as a low-precision Muon writes it back
-            rounded = grad.lerp(exact, beta).bfloat16().float()
+            rounded = direction.bfloat16().float()
             _add(sums["bf16 input"], orthogonalized(rounded), update, exact)
             if param in self.previous:
                 _add(sums["step to step"], self.previous[param], update, exact)

@@ -7,25 +7,11 @@ step that compiles kernels is, shows what the run is sized on.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cuda.py"
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_cuda_under_test", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from benchmark_modules import load_benchmark
 
 
 class ColdStart(torch.optim.Optimizer):
@@ -48,7 +34,7 @@ class ColdStart(torch.optim.Optimizer):
 
 def test_slow_warm_up_does_not_shorten_the_timed_run() -> None:
     """A 0.7 s first step (of 3 warm-up steps) used to cut 20 timed steps to 8."""
-    bench = load_bench()
+    bench = load_benchmark("bench_cuda.py")
     param = torch.nn.Parameter(torch.zeros(4))
     param.grad = torch.ones(4)
     optimizer = ColdStart([param], cold=0.7)
@@ -59,7 +45,7 @@ def test_slow_warm_up_does_not_shorten_the_timed_run() -> None:
 
 
 def test_slow_warmed_steps_are_fewer_but_never_under_the_minimum() -> None:
-    bench = load_bench()
+    bench = load_benchmark("bench_cuda.py")
     assert bench.timed_steps(0.001, 20, budget=2.0) == 20
     assert bench.timed_steps(0.1, 50, budget=2.0) == 20
     assert bench.timed_steps(1.0, 50, budget=2.0) == bench.MIN_STEPS
