@@ -38,16 +38,18 @@ from optiplug._train.config import TrainConfig
 from optiplug._train.data import load_corpus
 from optiplug._train.loop import build_graph
 from optiplug._train.model import next_token_loss
-from optiplug.base import QuantizedState
+from optiplug.base import LOW_RANK, QuantizedState
 from optiplug_muon import orthogonalize
 
-STORAGES: dict[str, tuple[str, bool]] = {
-    "int8 linear (shipped)": ("int8", True),
-    "int8 dynamic": ("int8", False),
-    "int4 linear": ("int4", True),
-    "bf16 (stochastic rounding)": ("bf16", False),
+STORAGES: dict[str, tuple[str, bool, int]] = {
+    "int8 linear + rank-4 factors (shipped)": ("int8", True, LOW_RANK),
+    "int8 linear": ("int8", True, 0),
+    "int8 dynamic": ("int8", False, 0),
+    "int4 linear + rank-4 factors (shipped)": ("int4", True, LOW_RANK),
+    "int4 linear": ("int4", True, 0),
+    "bf16 (stochastic rounding)": ("bf16", False, 0),
 }
-"""Each storage: its precision and whether it takes the linear table."""
+"""Each storage: its precision, whether it takes the linear table, and its factors' rank."""
 
 
 def orthogonalized(matrix: torch.Tensor) -> torch.Tensor:
@@ -84,11 +86,11 @@ class Shadows:
             exact = optimizer.state[param]["momentum_buffer"]
             direction = grad.lerp(exact, beta)
             update = orthogonalized(direction)
-            for name, (precision, linear) in STORAGES.items():
+            for name, (precision, linear, rank) in STORAGES.items():
                 if (name, param) not in self.momenta:
                     zero = torch.zeros_like(exact)
                     self.momenta[name, param] = QuantizedState.encode(
-                        zero, precision, signed=True, linear=linear
+                        zero, precision, signed=True, linear=linear, rank=rank
                     )
                 stored = self.momenta[name, param]
                 momentum = stored.dequantize().lerp(grad, 1 - beta)

@@ -14,7 +14,10 @@ to ``results1.pt``):
   steps, a sharded save, a load into a fresh Graph and 2 more steps;
 * ``cross``: the int8 checkpoint loaded into an fp32 Graph and an fp32 one
   into an int8 Graph (the slots' types and values);
-* ``sizes``: the bytes of the sharded int8 and fp32 checkpoints.
+* ``sizes``: the bytes of the sharded int8 and fp32 checkpoints;
+* ``muon``: int8 Muon's parameters after 2 + 2 steps straight through and
+  after a sharded save and load between them, and how this rank's shard of
+  the matrix's momentum is stored (its codes' precision and factors' rank).
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ def model() -> CharTransformer:
     return built.double()
 
 
-def graph(precision: str, parallel: str = "fsdp") -> optiplug.Graph:
+def graph(precision: str, parallel: str = "fsdp", optimizer: str = "adamw") -> optiplug.Graph:
     built = optiplug.Graph(model(), parallel=parallel, fsdp_min_params=MIN_PARAMS)
-    built.set_optimizer("adamw", impl="loop", lr=LR, state_precision=precision)
+    if optimizer == "adamw":
+        built.set_optimizer("adamw", impl="loop", lr=LR, state_precision=precision)
+    else:
+        built.set_optimizer(optimizer, state_precision=precision)
     built.set_data_loader(DataLoader(Windows(), batch_size=PER_RANK), forward_input="tokens")
     return built
 
@@ -113,6 +119,26 @@ def resume(out: Path) -> dict[str, Any]:
     }
 
 
+def muon(out: Path) -> dict[str, Any]:
+    """int8 Muon: 2 + 2 steps straight through, and through a sharded save and load."""
+    straight = graph("int8", optimizer="muon")
+    train(straight, 2)
+    straight.save(out / "muon-int8")
+    train(straight, 4)
+    resumed = graph("int8", optimizer="muon")
+    resumed.load(out / "muon-int8")
+    param = dict(resumed.module.named_parameters())[MATRIX]
+    local = resumed.optimizer.state[param]["momentum_buffer"]._local_tensor
+    stored = {
+        "local": type(local).__name__,
+        "precision": getattr(local, "precision", "fp32"),
+        "rank": getattr(local, "rank", 0),
+        "local_shape": tuple(local.shape),
+    }
+    train(resumed, 4)
+    return {"straight": full(straight), "resumed": full(resumed), "momentum": stored}
+
+
 def cross(out: Path) -> dict[str, Any]:
     """The int8 checkpoint into an fp32 Graph, and an fp32 checkpoint into an int8 Graph."""
     wide = graph("fp32")
@@ -144,6 +170,7 @@ def main() -> int:
         results[f"memory/{precision}"] = {"total": report.total, "by_slot": dict(report.by_slot)}
     results["resume"] = resume(out)
     results["cross"] = cross(out)
+    results["muon"] = muon(out)
     results["sizes"] = {name: size(out / name) for name in ("int8", "fp32")}
     torch.save(results, out / f"results{rank}.pt")
     torch.distributed.barrier()

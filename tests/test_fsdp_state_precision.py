@@ -23,6 +23,7 @@ import torch
 import optiplug
 from optiplug._state.codec import MIN_QUANTIZED_NUMEL, dynamic_table
 from optiplug._train.model import next_token_loss
+from optiplug.base import LOW_RANK
 
 pytestmark = [
     pytest.mark.slow,
@@ -167,3 +168,17 @@ def test_a_sharded_int8_checkpoint_loads_into_one_process(
             results[rank]["resume"]["saved_slots"][key]["values"] for rank in ("rank0", "rank1")
         ]
         assert torch.equal(slot.dequantize(), torch.cat(shards))
+
+
+def test_int8_muon_keeps_factors_per_shard_and_resumes_bit_equal(run: Any) -> None:
+    """Each rank's shard of a Muon matrix (128 x 64 of 256 x 64) keeps its own rank-4
+    factors beside its codes; the sharded checkpoint carries them, so the resumed run
+    equals the uninterrupted one bit for bit."""
+    results, _ = run
+    for rank in ("rank0", "rank1"):
+        found = results[rank]["muon"]
+        stored = found["momentum"]
+        assert stored["local"] == "QuantizedState" and stored["precision"] == "int8"
+        assert stored["rank"] == LOW_RANK and stored["local_shape"] == (128, 64)
+        for straight, resumed in zip(found["straight"], found["resumed"], strict=True):
+            assert torch.equal(straight, resumed)

@@ -25,7 +25,7 @@ import optiplug
 from optiplug import checkpoint, testing
 from optiplug._state.codec import _codes, dynamic_table, linear_table
 from optiplug._state.precision import BLOCK_SIZES, state_bytes_per_element
-from optiplug.base import QuantizedState
+from optiplug.base import LOW_RANK, QuantizedState
 from optiplug.errors import HyperparameterError
 
 ALGORITHMS: dict[str, dict[str, Any]] = {
@@ -271,7 +271,8 @@ def test_large_slots_are_stored_low_and_small_ones_stay_full(name: str, precisio
 def test_muons_momentum_takes_the_linear_table_and_adamws_moments_theirs(
     precision: str,
 ) -> None:
-    """After one step from zero, Muon's momentum is (1 - momentum) * g, stored linearly."""
+    """After one step from zero, Muon's momentum is (1 - momentum) * g, stored linearly
+    with rank-4 factors."""
     generator = torch.Generator().manual_seed(3)
     hidden = torch.nn.Parameter(torch.randn(96, 128, generator=generator))
     head = torch.nn.Parameter(torch.randn(96, 128, generator=generator))
@@ -284,13 +285,16 @@ def test_muons_momentum_takes_the_linear_table_and_adamws_moments_theirs(
     head.grad = torch.randn(head.shape, generator=generator)
     optimizer.step()
     momentum = optimizer.state[hidden]["momentum_buffer"]
-    assert isinstance(momentum, QuantizedState) and momentum.linear
+    assert isinstance(momentum, QuantizedState) and momentum.linear and momentum.rank == LOW_RANK
     for key, linear in (("exp_avg", False), ("exp_avg_sq", precision == "int4")):
         moment = optimizer.state[head][key]
         assert isinstance(moment, QuantizedState) and moment.linear == linear, key
+        assert moment.rank == 0, key
     expected = torch.zeros_like(hidden).lerp_(hidden.grad, 1 - 0.9)
-    again = QuantizedState.encode(expected, precision, signed=True, linear=True)
+    again = QuantizedState.encode(expected, precision, signed=True, linear=True, rank=LOW_RANK)
     assert torch.equal(momentum.codes, again.codes) and torch.equal(momentum.scales, again.scales)
+    assert momentum.factors is not None and again.factors is not None
+    assert torch.equal(momentum.factors, again.factors)
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam"])
@@ -324,8 +328,10 @@ def test_a_muon_checkpoint_with_a_dynamic_momentum_loads_linear(tmp_path: Path) 
     loaded = _create("muon", [(f"p{i}", p) for i, p in enumerate(params)], state_precision="int8")
     checkpoint.load(tmp_path / "ckpt", loaded)
     got = loaded.state[params[0]]["momentum_buffer"]
-    assert isinstance(got, QuantizedState) and got.linear
-    expected = QuantizedState.encode(old.dequantize(), "int8", signed=True, linear=True)
+    assert isinstance(got, QuantizedState) and got.linear and got.rank == LOW_RANK
+    expected = QuantizedState.encode(
+        old.dequantize(), "int8", signed=True, linear=True, rank=LOW_RANK
+    )
     assert torch.equal(got.codes, expected.codes)
 
 

@@ -72,6 +72,7 @@ from ._core.specs import ImplementationSpec
 from ._lazy import lazy
 from ._native import NativeLibrary, build_c_library
 from ._state.codec import (
+    LOW_RANK,
     NO_SLOTS,
     SECOND_MOMENTS,
     QuantizedState,
@@ -96,6 +97,7 @@ __all__ = [
     "GROUP_META_KEYS",
     "Kernel",
     "KernelTableOptimizer",
+    "LOW_RANK",
     "NativeLibrary",
     "NamedParamGroup",
     "Prepared",
@@ -552,6 +554,13 @@ class ValidatedLoading(torch.optim.Optimizer):
     instead of the dynamic one when a group's ``state_precision`` is int8 or
     int4; none by default (Muon names its momentum)."""
 
+    low_rank_slots: ClassVar[frozenset[str]] = NO_SLOTS
+    """State slots that, when a group's ``state_precision`` is int8 or int4
+    and the slot is a matrix, keep float32 factors of rank
+    :data:`LOW_RANK` beside codes of the residual, so rounding spares the
+    matrix's small singular directions; none by default (Muon names its
+    momentum, which Newton-Schulz orthogonalizes)."""
+
 
 class _ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     """What both optimizer bases share: an algorithm name, a config class, implementations."""
@@ -714,7 +723,12 @@ class TorchBackedOptimizer(_ContractOptimizer):
         cautious_weight_decay(
             self,
             lambda: step_in_state_precision(
-                self, torch_step, self.second_moments, fused, self.linear_slots
+                self,
+                torch_step,
+                self.second_moments,
+                fused,
+                self.linear_slots,
+                self.low_rank_slots,
             ),
         )
         return loss
@@ -1349,7 +1363,12 @@ class KernelTableOptimizer(_ContractOptimizer):
         loss = closure_loss(closure)
         state_step = self._state_kernel_step if self.state_kernel is not None else None
         step_in_state_precision(
-            self, self._kernel_step, self.second_moments, state_step, self.linear_slots
+            self,
+            self._kernel_step,
+            self.second_moments,
+            state_step,
+            self.linear_slots,
+            self.low_rank_slots,
         )
         return loss
 

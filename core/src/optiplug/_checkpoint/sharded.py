@@ -66,9 +66,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from .._core.specs import Problem
-from .._state.codec import decoded
+from .._state.codec import QuantizedState, decoded, local_of
 from .._state.load import registry_of, spec_of, validate_state_dict
 from ..errors import CheckpointError, StateDictError
 from .format import ALLOWED_FILES, sha256
@@ -880,7 +881,7 @@ def _load_verified(
         raise StateDictError(
             found, header=f"{path} does not fit this model and optimizer; nothing was changed"
         )
-    copies = _copied(target)
+    copies = _copied(target, metadata.state_dict_metadata)
     reader = FileSystemReader(path)
     _collective(
         path,
@@ -964,21 +965,46 @@ def _against_index(target: Mapping[str, Any], metadata: Metadata) -> list[Proble
     return problems
 
 
-def _copied(tree: Any) -> Any:
+def _copied(tree: Any, saved: Mapping[str, Any], path: tuple[str, ...] = ()) -> Any:
     """A deep copy of the state-dict tree: tensors cloned (a DTensor stays sharded), the rest copied.
 
     Low-precision state is copied decoded: DCP reads a saved shard into the
     region of each target it overlaps, which a quantized target (its codes
     shared by blocks) cannot take; the optimizer encodes it again as it
     loads (``convert_state``), giving back the same codes when the sharding
-    is the one saved.
+    is the one saved. A slot with low-rank factors stays quantized where
+    one saved chunk is exactly its shard (``saved``: the checkpoint's index,
+    keyed as DCP flattens ``path``): DCP then copies the saved codes, scales
+    and factors in whole, since encoding the decoded value again would take
+    new factors and a different residual.
     """
     if isinstance(tree, torch.Tensor):
+        if _read_whole(tree, saved.get(".".join(path))):
+            return tree.detach().clone()
         return decoded(tree).detach().clone()
     if isinstance(tree, Mapping):
-        return {key: _copied(value) for key, value in tree.items()}
+        return {key: _copied(value, saved, (*path, str(key))) for key, value in tree.items()}
     if isinstance(tree, list):
-        return [_copied(value) for value in tree]
+        return [_copied(value, saved, (*path, str(i))) for i, value in enumerate(tree)]
     if isinstance(tree, tuple):
-        return tuple(_copied(value) for value in tree)
+        return tuple(_copied(value, saved, (*path, str(i))) for i, value in enumerate(tree))
     return tree
+
+
+def _read_whole(value: torch.Tensor, saved: Any) -> bool:
+    """Whether ``value`` is a slot with factors whose shard one saved chunk covers exactly."""
+    local = local_of(value)
+    if not isinstance(local, QuantizedState) or local.factors is None:
+        return False
+    if not isinstance(saved, TensorStorageMetadata):
+        return False
+    offsets: tuple[int, ...] = (0,) * value.ndim
+    if isinstance(value, DTensor):
+        _, found = compute_local_shape_and_global_offset(
+            value.shape, value.device_mesh, value.placements
+        )
+        offsets = tuple(found)
+    shape = tuple(local.shape)
+    return any(
+        tuple(chunk.offsets) == offsets and tuple(chunk.sizes) == shape for chunk in saved.chunks
+    )

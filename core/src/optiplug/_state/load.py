@@ -235,6 +235,7 @@ def load_state_dict(
         optimizer,
         second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS),
         linear_slots=getattr(optimizer, "linear_slots", NO_SLOTS),
+        low_rank_slots=getattr(optimizer, "low_rank_slots", NO_SLOTS),
     )
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)

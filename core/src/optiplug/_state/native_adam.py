@@ -606,6 +606,7 @@ def _fits(slot: QuantizedState, precision: str, signed: bool, param: torch.Tenso
         and slot.signed == signed
         and slot.shape == param.shape
         and slot.dtype == torch.float32
+        and slot.factors is None  # the C loops read codes and scales only
         and slot.codes.device.type == "cpu"
         and slot.codes.dtype == torch.uint8
         and slot.codes.is_contiguous()

@@ -235,6 +235,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
     """Muon's momentum takes the linear int8/int4 table: evenly spaced codes
     (Gupta et al. 2025, arXiv 2509.23106), which Newton-Schulz tolerates
     better than the dynamic table AdamW's moments need."""
+    low_rank_slots: ClassVar[frozenset[str]] = frozenset({"momentum_buffer"})
+    """Muon's momentum keeps rank-4 float32 factors beside its int8/int4 codes
+    (``optiplug.base.LOW_RANK``): Newton-Schulz lifts every singular direction
+    to one, so the codes' rounding in a steep momentum's small directions
+    would otherwise be a large part of the update."""
 
     @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, lr: Any = _UNSET, **hparams: Any) -> None:
@@ -400,7 +405,11 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
         """
         loss = closure_loss(closure)
         step_in_state_precision(
-            self, self._step_groups, self.second_moments, linear_slots=self.linear_slots
+            self,
+            self._step_groups,
+            self.second_moments,
+            linear_slots=self.linear_slots,
+            low_rank_slots=self.low_rank_slots,
         )
         return loss
 
