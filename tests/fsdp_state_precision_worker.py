@@ -124,6 +124,8 @@ def muon(out: Path) -> dict[str, Any]:
     straight = graph("int8", optimizer="muon")
     train(straight, 2)
     straight.save(out / "muon-int8")
+    param = dict(straight.module.named_parameters())[MATRIX]
+    saved = straight.optimizer.state[param]["momentum_buffer"]._local_tensor.dequantize()
     train(straight, 4)
     resumed = graph("int8", optimizer="muon")
     resumed.load(out / "muon-int8")
@@ -136,7 +138,8 @@ def muon(out: Path) -> dict[str, Any]:
         "local_shape": tuple(local.shape),
     }
     train(resumed, 4)
-    return {"straight": full(straight), "resumed": full(resumed), "momentum": stored}
+    found = {"straight": full(straight), "resumed": full(resumed), "momentum": stored}
+    return {**found, "saved": saved.clone()}
 
 
 def cross(out: Path) -> dict[str, Any]:

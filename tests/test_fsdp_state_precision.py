@@ -182,3 +182,24 @@ def test_int8_muon_keeps_factors_per_shard_and_resumes_bit_equal(run: Any) -> No
         assert stored["rank"] == LOW_RANK and stored["local_shape"] == (128, 64)
         for straight, resumed in zip(found["straight"], found["resumed"], strict=True):
             assert torch.equal(straight, resumed)
+
+
+def test_a_sharded_muon_checkpoint_loads_into_one_process(
+    run: tuple[dict[str, Any], Path],
+) -> None:
+    """Into one process no saved chunk is the whole matrix: the momentum is read decoded and
+    encoded again with its own factors, so it is the saved one within half a step of the
+    new residual's block maximum, never a stale or zero target."""
+    results, out = run
+    graph = optiplug.Graph(worker.model())
+    graph.set_optimizer("muon", state_precision="int8")
+    graph.load(out / "muon-int8")
+    param = dict(graph.module.named_parameters())[worker.MATRIX]
+    slot = graph.optimizer.state[param]["momentum_buffer"]
+    assert isinstance(slot, optiplug.base.QuantizedState) and slot.rank == LOW_RANK
+    saved = torch.cat([results[rank]["muon"]["saved"] for rank in ("rank0", "rank1")])
+    assert saved.abs().max() > 0 and slot.shape == saved.shape
+    # half a step of the residual's block maximum; the residual is the momentum less its
+    # leading part, so a whole step of the momentum's maximum leaves it room
+    step = float(saved.abs().max()) / 127
+    assert float((slot.dequantize() - saved).abs().max()) <= step
