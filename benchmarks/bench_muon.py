@@ -38,6 +38,8 @@ import torch
 from optiplug_muon import Muon
 
 SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))
+LOW_PRECISIONS = ("bf16", "int8", "int4")
+"""What ``--state-precision`` takes: the rows it adds are named ``(precision...)``."""
 LR = 0.02
 
 
@@ -114,7 +116,7 @@ def report(times: dict[str, list[float]], runs: dict[str, tuple], steps: int) ->
         median = statistics.median(values)
         worst, bound = max_error(runs[name][1], reference)
         check = f"  {worst:.2e} (bound {bound * (steps + 1):.2e})"
-        if name.startswith("torch") or "bf16)" in name or "int" in name:
+        if name.startswith("torch") or any(f"({p}" in name for p in LOW_PRECISIONS):
             check = ""  # torch itself, or rounded state: no bound to hold
         print(f"{name:<28}{median:>10.3f}{min(values):>9.3f}{base / median:>8.2f}x{check}")
 
@@ -129,7 +131,7 @@ def main() -> None:
         "--state-precision",
         action="append",
         default=[],
-        choices=["bf16", "int8", "int4"],
+        choices=LOW_PRECISIONS,
         help="add rows with the momentum stored so (repeatable)",
     )
     args = parser.parse_args()

@@ -388,10 +388,9 @@ class QuantizedState(torch.Tensor):
         matrix whose two sides both exceed it (see the module docstring).
         """
         linear = linear and precision != "bf16"
-        factors = None
+        factors, residual = None, value
         if precision != "bf16" and _factorable(value.shape, rank):
-            factors = _factors(_matrix(value), None, rank)
-        residual = _residual(value, factors)
+            factors, residual = _factored(value, None, rank)
         codes, scales = _encoded(residual, precision, signed, writes, linear)
         return cls(
             codes, scales, precision, signed, value.shape, value.dtype, writes, linear, factors
@@ -420,9 +419,10 @@ class QuantizedState(torch.Tensor):
         warm-started from the ones held.
         """
         self.writes += 1
+        residual = value
         if self.factors is not None:
-            self.factors.copy_(_factors(_matrix(value), self.factors, self.rank))
-        residual = _residual(value, self.factors)
+            factors, residual = _factored(value, self.factors, self.rank)
+            self.factors.copy_(factors)
         codes, scales = _encoded(residual, self.precision, self.signed, self.writes, self.linear)
         self.codes.copy_(codes)
         self.scales.copy_(scales)
@@ -599,13 +599,15 @@ def _start_vectors(cols: int, rank: int, device: torch.device) -> torch.Tensor:
     return _hashed(index, 0).view(cols, rank).float() - 32767.5
 
 
-def _residual(value: torch.Tensor, factors: torch.Tensor | None) -> torch.Tensor:
-    """``value`` less its factors' part (``value`` itself without factors)."""
-    if factors is None:
-        return value
-    rows = value.shape[0]
-    residual = torch.addmm(_matrix(value), factors[:rows], factors[rows:].T, alpha=-1)
-    return residual.reshape(value.shape)
+def _factored(
+    value: torch.Tensor, previous: torch.Tensor | None, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``value``'s factors (:func:`_factors`, from ``previous``) and the residual the codes
+    store, ``M - P @ Q.T`` as a matrix, ``value`` taken as a float32 matrix once for both."""
+    matrix = _matrix(value)
+    factors = _factors(matrix, previous, rank)
+    rows = matrix.shape[0]
+    return factors, torch.addmm(matrix, factors[:rows], factors[rows:].T, alpha=-1)
 
 
 def _plain(value: Any) -> Any:
