@@ -503,3 +503,29 @@ def test_failed_loads_leave_the_optimizer_as_it_was(saved) -> None:
         checkpoint.load(path, optimizer)
     assert_same_state(optimizer, before)
     assert [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] == groups
+
+
+PORTABLE_CHILD = """
+import os, sys, tempfile
+for flag in ("O_NOFOLLOW", "O_NONBLOCK", "O_DIRECTORY"):  # as on Windows
+    delattr(os, flag)
+import torch, optiplug
+from optiplug import checkpoint
+model = torch.nn.Linear(3, 2)
+optimizer = optiplug.create("sgd", model.named_parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(1, 3)).sum().backward()
+optimizer.step()
+folder = os.path.join(tempfile.mkdtemp(), "run")
+checkpoint.save(folder, optimizer)
+fresh = optiplug.create("sgd", model.named_parameters(), lr=0.1, momentum=0.9)
+checkpoint.load(folder, fresh)
+print(sorted(fresh.state_dict()["state"]) == sorted(optimizer.state_dict()["state"]))
+"""
+
+
+def test_checkpoints_import_save_and_load_where_the_os_lacks_posix_open_flags() -> None:
+    from conftest import run_python
+
+    done = run_python(PORTABLE_CHILD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "True"

@@ -53,8 +53,18 @@ _DIRECTORY_MODE = 0o755
 _NAME_MAX = 255
 _PID_DIGITS = 10
 _RANDOM_SUFFIX = "[a-z0-9_]{8}"  # what tempfile.mkdtemp/mkstemp append to the prefix
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_DIRECTORY_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),

@@ -115,7 +115,12 @@ _DATA_FILE = re.compile(r"__([0-9]+)_[0-9]+\.distcp")
 _MARKER_LIMIT = 1 << 16
 _MANIFEST_LIMIT = 1 << 28
 _CHUNK = 1 << 20
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 _T = TypeVar("_T")
 
 

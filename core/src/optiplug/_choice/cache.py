@@ -13,15 +13,23 @@ one warning per process, and rewritten at the next decision; an entry that
 does not fit the candidates is a miss. ``OPTIPLUG_AUTOTUNE_CACHE=0`` (or
 ``false``, ``no``, ``off``) neither reads nor writes it. Two processes that
 write at the same moment may lose one of their entries, never the file.
+
+Reading never follows the file into anything but a regular file of at most
+:data:`MAX_BYTES` (a FIFO, a device, a directory or a larger file is ignored
+and warned about, so creating an optimizer neither hangs nor fills memory),
+and keeps only entries of the shape it writes: a winner's name and finite,
+non-negative timings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -39,6 +47,7 @@ __all__ = [
     "CACHE_VARIABLE",
     "DIRECTORY_VARIABLE",
     "FILE_NAME",
+    "MAX_BYTES",
     "clear",
     "device_name",
     "directory",
@@ -60,7 +69,11 @@ DIRECTORY_VARIABLE = CACHE_DIRECTORY_VARIABLE
 FILE_NAME = "autotune.json"
 """The cache file's name inside :func:`directory`."""
 
+MAX_BYTES = 4 * 1024 * 1024
+"""The largest cache file read; a larger one is ignored (it holds thousands of entries at most)."""
+
 _FORMAT = 1
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 _lock = threading.Lock()
 _warned: set[str] = set()
 
@@ -218,8 +231,16 @@ def clear(file: Path | None = None) -> bool:
 
     Returns:
         Whether there was a file to remove.
+
+    Raises:
+        IsADirectoryError: the path is a directory (it is left alone).
+        OSError: the file could not be removed.
     """
     target = path() if file is None else file
+    if target.is_dir() and not target.is_symlink():
+        raise IsADirectoryError(
+            errno.EISDIR, "the autotune cache path is a directory; nothing removed", str(target)
+        )
     with _lock:
         try:
             target.unlink()
@@ -230,25 +251,65 @@ def clear(file: Path | None = None) -> bool:
 
 def _seconds(value: object) -> float:
     """A stored timing: a number, or ``inf`` for ``null`` and anything else."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.inf
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return math.inf
+    return seconds if math.isfinite(seconds) and seconds >= 0 else math.inf
 
 
 def _read(file: Path) -> dict[str, Any]:
-    """The file's entries; empty when it is missing, and when it is unusable (warned once)."""
+    """The file's well-formed entries; empty when it is missing or unusable (warned once)."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(_read_bytes(file).decode("utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         _ignored(file, f"{type(error).__name__}: {error}")
         return {}
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or data.get("format") != _FORMAT:
         _ignored(file, f"not an optiplug autotune cache of format {_FORMAT}")
         return {}
-    return entries
+    return {key: entry for key, entry in entries.items() if _well_formed(entry)}
+
+
+def _read_bytes(file: Path) -> bytes:
+    """The bytes of ``file`` if it is a regular file of at most :data:`MAX_BYTES`.
+
+    Raises:
+        FileNotFoundError: there is no file.
+        OSError: it is (or links to) something other than a regular file, or is too large.
+    """
+    descriptor = os.open(file, _READ_FLAGS)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(file))
+        if status.st_size > MAX_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_BYTES} bytes", str(file))
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            data = stream.read(MAX_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_BYTES} bytes", str(file))
+    return data
+
+
+def _well_formed(entry: object) -> bool:
+    """Whether ``entry`` has the shape :func:`store` writes (so rewriting it is safe)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("winner"), str):
+        return False
+    timings = entry.get("timings")
+    if not isinstance(timings, dict):
+        return False
+    return all(
+        isinstance(name, str) and (value is None or _seconds(value) < math.inf)
+        for name, value in timings.items()
+    ) and isinstance(entry.get("written", ""), str)
 
 
 def _ignored(file: Path, why: str) -> None:

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -271,11 +272,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _clear_cache(*, json_output: bool) -> int:
-    """Remove the autotune cache file and say so; 0."""
+    """Remove the autotune cache file and say so; 0, or 1 where it cannot be removed."""
     from .._choice import cache  # deferred: imports torch
 
-    removed = cache.clear()
     where = cache.path()
+    try:
+        removed = cache.clear()
+    except OSError as error:
+        print(
+            f"optiplug: cannot clear the autotune cache {where}: {error.strerror}", file=sys.stderr
+        )
+        return 1
     if json_output:
         print(json.dumps({"cache": str(where), "removed": removed}))
     else:
