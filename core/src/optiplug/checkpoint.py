@@ -65,6 +65,7 @@ from ._checkpoint.sharded import save_sharded as _save_sharded
 from ._checkpoint.state import snapshot, state_dict_from, stored_target, unshared
 from ._core.registry import Registry, bound_registry
 from ._core.specs import OptimizerSpec, Problem, ProviderInfo
+from ._lazy import LazyCallable
 from ._state.check import check
 from ._state.load import load_state_dict, registry_of, spec_of, validate_state_dict
 from .errors import CheckpointError, OptiplugError, StateDictError
@@ -343,9 +344,31 @@ def _examine(stored: Stored, registry: Registry) -> tuple[dict[str, Any], tuple[
     validated against the checkpoint's own parameter records and its
     algorithm's schema (generic checks when the algorithm is not installed).
     """
+    _import_algorithm(stored.metadata["algorithm"], registry)
     state_dict = state_dict_from(stored)
     report = check(_self_target(stored, state_dict, registry), state_dict)
     return state_dict, tuple(sorted(report.problems))
+
+
+def _import_algorithm(name: str, registry: Registry) -> None:
+    """Import the module of the algorithm a checkpoint names, where ``registry`` has it.
+
+    Its state's tensor subclasses (a library's quantized state) are then
+    importable by name, as in the process that saved it, so :func:`verify`
+    in a fresh process reaches :func:`load`'s verdict. Only a registered
+    plugin's own factory is imported, never a module the file names; an
+    algorithm that is not installed, or whose module fails to import, is
+    left to the decoding error, which says what to install.
+    """
+    try:
+        factory = registry.spec(name).factory
+    except OptiplugError:
+        return
+    if isinstance(factory, LazyCallable):
+        try:
+            factory.resolve()
+        except Exception:  # a broken plugin: the decoding error names the class
+            return
 
 
 def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:

@@ -13,14 +13,18 @@ records, in ``metadata.json``::
 The context is encoded like any value, plus ``{"dtype": "float32"}`` and
 ``{"size": [...]}`` for the dtypes and sizes subclasses keep there.
 
-Loading never imports a module: the class must already be imported (the
-optimizer that loads the state imported its library), and must be a
-``torch.Tensor`` subclass with ``__tensor_unflatten__``; otherwise the load
-fails with a :class:`~optiplug.errors.CheckpointError` naming the class.
+Loading imports no module a file names, other than optiplug's own codec
+(:data:`_OWN_MODULES`): any other class must already be imported (the
+optimizer that loads the state imported its library; verifying imports the
+plugin of the checkpoint's algorithm first), and must be a ``torch.Tensor``
+subclass with ``__tensor_unflatten__``; otherwise the load fails with a
+:class:`~optiplug.errors.CheckpointError` naming the class and what to
+install.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -33,6 +37,9 @@ __all__ = ["check_encoded", "decode_subclass", "encode_subclass", "is_subclass"]
 
 TAG = "subclass"
 _KEYS = frozenset({"class", "inner", "context", "size", "stride"})
+_OWN_MODULES = frozenset({"optiplug.base", "optiplug._state.codec"})
+"""Where optiplug's own tensor subclass (:class:`~optiplug.base.QuantizedState`) is named
+from: the one code a checkpoint may cause to be imported, as it ships with this library."""
 
 Encoder = Callable[[Any, str, dict[str, torch.Tensor]], Any]
 Decoder = Callable[[Any, Mapping[str, torch.Tensor], str], Any]
@@ -114,11 +121,14 @@ def decode_subclass(
 
 def _imported_class(path: Any, where: str) -> type:
     module_name, _, qualname = str(path).partition(":")
-    target: Any = sys.modules.get(module_name)
+    target: Any = sys.modules.get(module_name) or _own_module(module_name)
     if target is None:
+        top = module_name.partition(".")[0]
         raise CheckpointError(
-            f"{where} holds a {path} tensor, and {module_name} is not imported: import the "
-            "library of the optimizer before loading (a checkpoint never imports code)"
+            f"{where} holds a {path} tensor, and {module_name} is not imported: install "
+            f"the library that provides {top} (with the plugin of the checkpoint's "
+            "algorithm) and import it before loading; a checkpoint imports only "
+            "optiplug's own modules and its algorithm's plugin"
         )
     for part in qualname.split("."):
         target = getattr(target, part, None)
@@ -129,6 +139,13 @@ def _imported_class(path: Any, where: str) -> type:
     ):
         raise CheckpointError(f"{where}: {path} is not a tensor subclass that can be rebuilt")
     return target
+
+
+def _own_module(name: str) -> Any:
+    """optiplug's own module ``name`` (its codec's classes), imported; None for any other."""
+    if name not in _OWN_MODULES:
+        return None
+    return importlib.import_module(name)
 
 
 def _decode_context(
