@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +64,15 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*$", re.IGNORECASE)
-_EXPECTED = (
-    "expected a positive number of bytes or a size such as '24GB' (GB = 1e9 bytes), "
-    "'80 GiB' (GiB = 2**30 bytes) or '512MB'"
+_SIZE = re.compile(
+    r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*$", re.IGNORECASE
 )
+_EXPECTED = (
+    "a budget must be a finite positive size: a number of bytes or a size such as '24GB' "
+    "(GB = 1e9 bytes), '80 GiB' (GiB = 2**30 bytes) or '512MB'"
+)
+_LARGEST = sys.float_info.max
+"""The largest budget, in bytes: one finite as a float, so every figure of the plan is."""
 
 
 @attrs.frozen
@@ -93,6 +98,9 @@ class Footprint:
 def parse_memory_budget(value: Any) -> int:
     """A memory budget in bytes, from bytes or a size string.
 
+    A budget must be a finite positive size: at least one byte, and finite
+    as a float (``"1e400GB"`` is refused, not an ``OverflowError``).
+
     Args:
         value: an int of bytes (a whole float such as ``24e9`` too), or a
             string: a number and a unit, ``B``, ``KB``/``MB``/``GB``/``TB``
@@ -103,21 +111,25 @@ def parse_memory_budget(value: Any) -> int:
         The budget in bytes (> 0).
 
     Raises:
-        HyperparameterError: anything else, zero or negative (names
-            ``memory_budget`` and the value).
+        HyperparameterError: anything else, zero, negative, under one byte
+            or not finite (names ``memory_budget`` and the value).
     """
     if isinstance(value, str):
         return _parse_size(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HyperparameterError("memory_budget", value, _EXPECTED)
-    if not math.isfinite(value) or value != int(value) or value <= 0:
-        raise HyperparameterError("memory_budget", value, _EXPECTED)
+    problem = _size_problem(value)
+    if problem is None and value != int(value):
+        problem = "it is not a whole number of bytes"
+    if problem is not None:
+        raise HyperparameterError("memory_budget", value, f"{problem}; {_EXPECTED}")
     return int(value)
 
 
 def _parse_size(text: str) -> int:
+    """A size string in bytes: ``"24GB"``, ``"80 GiB"``, ``"-1GB"`` refused as negative."""
     match = _SIZE.match(text)
-    unit = match.group(3).lower() if match else ""
+    unit = match.group(4).lower() if match else ""
     if match is None or unit not in _UNITS:
         hint = ""
         if match is not None and unit in ("k", "m", "g", "t"):
@@ -125,12 +137,31 @@ def _parse_size(text: str) -> int:
                 f" ({unit.upper()} alone is ambiguous: write {unit.upper()}B or {unit.upper()}iB)"
             )
         raise HyperparameterError("memory_budget", text, _EXPECTED + hint)
-    exponent = int(match.group(2) or 0)
-    number = float(match.group(1)) * 10.0**exponent
-    size = int(number * _UNITS[unit]) if math.isfinite(number) else 0
-    if size <= 0:
-        raise HyperparameterError("memory_budget", text, _EXPECTED)
-    return size
+    sign, number, exponent = match.group(1), match.group(2), match.group(3) or "0"
+    zero = float(number) == 0  # as typed: 1e-400 underflows to 0.0 but is no zero
+    size = float(f"{number}e{exponent}") * _UNITS[unit]  # inf, never an OverflowError
+    problem = "it is negative" if sign == "-" and not zero else _size_problem(size, zero=zero)
+    if problem is not None:
+        raise HyperparameterError("memory_budget", text, f"{problem}; {_EXPECTED}")
+    return int(size)
+
+
+def _size_problem(size: float, *, zero: bool | None = None) -> str | None:
+    """Why ``size`` bytes is no budget (not finite, negative, zero, under a byte), or None.
+
+    Args:
+        size: the budget in bytes.
+        zero: whether the size as typed is zero (None: whether ``size`` is).
+    """
+    if size > _LARGEST or (isinstance(size, float) and not math.isfinite(size)):
+        return "it is not finite (more than 1.8e308 bytes, the largest float)"
+    if size < 0:
+        return "it is negative"
+    if size >= 1:
+        return None
+    if zero is None:
+        zero = size == 0
+    return "it is zero" if zero else "it is less than one byte"
 
 
 # ------------------------------------------------------------------ the model

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,13 @@ ARCHITECTURE_TASKS = (
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _COUNT = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)$")
+_GROUPED = re.compile(r"[+-]?[0-9]{1,3}(?:,[0-9]{3})+(?![0-9_])")
+"""An integer part in thousands: one to three digits, then groups of three after commas."""
+_MAX_COUNT = decimal.Decimal("1e300")
+"""The largest count taken: far past any model, yet low enough that the bytes it needs
+(a few dozen per parameter at most) stay finite floats in ``show``, ``bench`` and the
+memory budget, which overflowed near 1.8e308, the largest float."""
+_LARGEST_FLOAT = decimal.Decimal(sys.float_info.max)
 
 
 def normalise_task(task: str | None) -> str | None:
@@ -100,8 +108,10 @@ def parse_parameter_count(text: str | int | float) -> int:
     """A parameter count as people type it: ``7e9``, ``7B``, ``125M``, ``1.3b``, ``350k``, ``7,000,000``.
 
     Suffixes are decimal (k = 10^3, M = 10^6, B or G = 10^9, T = 10^12), any
-    case; ``_`` and ``,`` separate digits. The arithmetic is exact
-    (``1.3b`` is 1,300,000,000), and the result must be a whole number >= 1.
+    case; ``_`` separates digits, and ``,`` separates thousands only, in
+    groups of three (``7,000,000``; ``7,00,0`` is refused). The arithmetic
+    is exact (``1.3b`` is 1,300,000,000), and the result must be a whole
+    number from 1 to 1e300 (``1e400``, not even finite as a float, is refused).
 
     Args:
         text: the count.
@@ -110,22 +120,51 @@ def parse_parameter_count(text: str | int | float) -> int:
         The count.
 
     Raises:
-        ModelConfigError: not a count, not whole, or not positive.
+        ModelConfigError: not a count, misplaced commas, not finite, above
+            1e300, not whole, or not positive (naming ``--params`` and the value).
     """
-    folded = str(text).strip().lower().replace(",", "").replace("_", "")
-    found = _COUNT.match(folded)
-    value = decimal.Decimal(found.group(1)) * _SUFFIXES[found.group(2)] if found else None
-    if value is None or value < 1 or value != value.to_integral_value():
-        if value is None:
-            reason = "is not a parameter count"
-        elif value <= 0:
-            reason = "must be positive"
-        else:
-            reason = "must be a whole number >= 1"
-        raise ModelConfigError(
-            f"--params {text!r} {reason}; e.g. 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
+    folded = str(text).strip().lower()
+    if not _thousands_grouped(folded):
+        raise _count_error(
+            text, "has misplaced thousands separators (commas go between groups of three digits)"
         )
+    found = _COUNT.match(folded.replace(",", "").replace("_", ""))
+    if found is None:
+        raise _count_error(text, "is not a parameter count")
+    mantissa = decimal.Decimal(found.group(1))
+    if mantissa <= 0:
+        raise _count_error(text, "must be positive")
+    # the exponent is checked before any arithmetic, so 1e999999999 costs nothing
+    if mantissa.adjusted() > _MAX_COUNT.adjusted():
+        raise _count_error(text, _too_large(mantissa))
+    value = mantissa * _SUFFIXES[found.group(2)]
+    if value > _MAX_COUNT:
+        raise _count_error(text, _too_large(value))
+    if value < 1 or value != value.to_integral_value():
+        raise _count_error(text, "must be a whole number >= 1")
     return int(value)
+
+
+def _thousands_grouped(folded: str) -> bool:
+    """Whether every comma of ``folded`` separates thousands: ``7,000,000``, not ``7,00,0``."""
+    if "," not in folded:
+        return True
+    grouped = _GROUPED.match(folded)
+    return grouped is not None and "," not in folded[grouped.end() :]
+
+
+def _too_large(count: decimal.Decimal) -> str:
+    """Why a count above the largest taken is refused: not finite as a float, or too large."""
+    if count > _LARGEST_FLOAT:
+        return "is not finite (more than 1.8e308, the largest float)"
+    return "is too large (the most is 1e300, so that the bytes it needs stay finite)"
+
+
+def _count_error(text: str | int | float, reason: str) -> ModelConfigError:
+    """The error for a bad ``--params``, naming it, the value and the accepted forms."""
+    return ModelConfigError(
+        f"--params {text!r} {reason}; e.g. 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
+    )
 
 
 def config_mapping(config: Any) -> dict[str, Any]:

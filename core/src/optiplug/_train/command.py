@@ -31,7 +31,7 @@ from .cpus import ThreadChoice, choose_threads
 from .data import Corpus, load_corpus
 from .launch import launch, torch_threads
 from .loop import Interrupted, check_run, train
-from .options import DEFAULT_PLOT, DEFAULT_TUNE_BUDGET, config_from_args
+from .options import DEFAULT_PLOT, DEFAULT_TUNE_BUDGET, check_seeds, config_from_args
 from .preflight import preflight
 from .report import (
     compare_table,
@@ -85,8 +85,8 @@ def _racing(args: argparse.Namespace) -> bool:
 
 def _check_race_options(args: argparse.Namespace) -> None:
     """Refuse a bad ``--seeds`` or ``--target-loss``, or either without ``--compare``."""
-    if args.seeds is not None and args.seeds < 1:
-        raise OptionError("seeds", args.seeds, "must be an integer >= 1")
+    if args.seeds is not None:
+        check_seeds(args.seeds)
     target = args.target_loss
     if target is not None and not (math.isfinite(target) and target > 0):
         raise OptionError(
@@ -312,11 +312,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, config: TrainConfig) -> int:
     registry: Registry = args.registry
+    # parsed first: --compare '' is refused as empty, not taken for no --compare
+    entries = None if args.compare is None else parse_compare(args.compare)
     _check_combinations(args, config)
-    if not args.compare:
+    if entries is None:
         preflight(config, registry)
         return _run_single(args, config, registry)
-    entries = parse_compare(args.compare)
     check_installed(args.compare, entries, registry)
     reasons = availability(entries, registry)
     runnable = [(name, lr) for name, lr in entries if reasons[name] is None]

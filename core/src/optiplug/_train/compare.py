@@ -24,6 +24,7 @@ from ..errors import (
 from .config import OptionError, TrainConfig
 from .data import Corpus, load_corpus
 from .loop import train
+from .options import check_seeds
 from .race import summarize
 from .report import echo
 from .results import RaceResult, Skipped, TrainResult
@@ -39,6 +40,9 @@ __all__ = [
     "race",
     "unavailable",
 ]
+
+
+_EXPECTED_NAMES = "expected distinct names separated by commas, e.g. adamw,lion,muon"
 
 
 def _parse_item(item: str) -> tuple[str, float | None]:
@@ -96,15 +100,18 @@ def parse_compare(text: str) -> list[tuple[str, float | None]]:
         The pairs, in order.
 
     Raises:
-        OptionError: an empty list, a repeated name, or an lr that is not a
-            positive finite number (naming the item as typed).
+        OptionError: an empty name (``--compare ''``, ``adamw,,sgd``, a
+            comma at an end, ``=0.1``), a repeated name, or an lr that is
+            not a positive finite number (naming the value as typed).
     """
-    entries = [_parse_item(item) for item in filter(None, (p.strip() for p in _items(text)))]
+    entries = [_parse_item(item.strip()) for item in _items(text)]
     names = [name for name, _ in entries]
-    if not entries or len(set(names)) != len(names):
-        raise OptionError(
-            "compare", text, ": expected distinct names separated by commas, e.g. adamw,lion,muon"
-        )
+    if not any(names):
+        raise OptionError("compare", text, f": names no optimizer; {_EXPECTED_NAMES}")
+    if "" in names:
+        raise OptionError("compare", text, f": an empty name; {_EXPECTED_NAMES}")
+    if len(set(names)) != len(names):
+        raise OptionError("compare", text, f": a repeated name; {_EXPECTED_NAMES}")
     return entries
 
 
@@ -270,7 +277,7 @@ def race(
         entries: ``(name, lr)``, as :func:`compare` takes them.
         registry: where the optimizers and the schedule are looked up.
         corpus: the corpus, if already loaded.
-        seeds: how many seeds, >= 1.
+        seeds: how many seeds, 1 to :data:`~optiplug._train.options.MAX_SEEDS`.
         target: the validation loss to reach, or None (final losses only).
         log: where log lines go; None drops them.
         stream: where the progress bars go.
@@ -281,11 +288,10 @@ def race(
         The :class:`RaceResult`.
 
     Raises:
-        OptionError: ``seeds`` below 1.
+        OptionError: ``seeds`` below 1 or above :data:`~optiplug._train.options.MAX_SEEDS`.
         OptiplugError: none of the optimizers is installed.
     """
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise OptionError("seeds", seeds, "must be an integer >= 1")
+    check_seeds(seeds)
     reasons = availability(entries, registry)
     skipped = [Skipped(name, reason) for name, reason in reasons.items() if reason is not None]
     for gone in skipped:

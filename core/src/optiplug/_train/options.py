@@ -16,6 +16,7 @@ from .config import (
     NONFINITE_POLICIES,
     PARALLEL_MODES,
     RESUMABLE_FIELDS,
+    OptionError,
     TrainConfig,
     as_typed,
     option_name,
@@ -25,7 +26,9 @@ from .config import (
 __all__ = [
     "DEFAULT_PLOT",
     "DEFAULT_TUNE_BUDGET",
+    "MAX_SEEDS",
     "add_tune_budget",
+    "check_seeds",
     "config_from_args",
     "configure",
 ]
@@ -33,6 +36,38 @@ __all__ = [
 DEFAULT_PLOT = "optiplug-compare.png"
 DEFAULT_TUNE_BUDGET = 1500
 """Optimizer steps of ``--tune``/``--tune-lr``/``optiplug tune``, all candidates together."""
+MAX_SEEDS = 100
+"""The most seeds ``--seeds N`` races over (a larger N is refused before anything runs).
+
+A race trains every optimizer once per seed, one after the other:
+``--seeds N`` over K optimizers is N x K full trainings. At 100 seeds a
+mean's 95% interval is already about a twelfth as wide as at 3 (Student's
+t over the square root of N), and the race takes hours on a CPU; a mistyped
+``--seeds 1000000`` (two million trainings for two optimizers) is an error,
+not a start.
+"""
+
+
+def check_seeds(seeds: Any) -> None:
+    """Refuse a ``--seeds`` count that is not an integer from 1 to :data:`MAX_SEEDS`.
+
+    Args:
+        seeds: the count (``--seeds N``: how many seeds a race trains each optimizer on).
+
+    Raises:
+        OptionError: naming ``--seeds``, the value and the bound.
+    """
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise OptionError("seeds", seeds, "must be an integer >= 1")
+    if seeds > MAX_SEEDS:
+        raise OptionError(
+            "seeds",
+            seeds,
+            f"is more than {MAX_SEEDS}, the most seeds a race takes "
+            "(each seed trains every optimizer of --compare once)",
+        )
+
+
 _FIELDS = {
     "steps": "steps",
     "batch_size": "batch_size",
@@ -155,14 +190,15 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     output.add_argument(
         "--compare",
         metavar="A,B,C",
-        help="train each optimizer (NAME or NAME=LR) on identical data and plot the losses",
+        help="train each optimizer (NAME or NAME=LR, separated by commas, none empty) on "
+        "identical data and plot the losses",
     )
     output.add_argument(
         "--seeds",
         type=int,
         metavar="N",
-        help="with --compare: race each optimizer over N seeds (--seed, --seed + 1, ...) and "
-        "report means, 95%% intervals and Welch's t-test against the first",
+        help=f"with --compare: race each optimizer over N seeds (--seed, --seed + 1, ...; "
+        f"1 to {MAX_SEEDS}) and report means, 95%% intervals and Welch's t-test against the first",
     )
     output.add_argument(
         "--target-loss",

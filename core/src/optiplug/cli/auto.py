@@ -11,17 +11,29 @@ import attrs
 from .._auto.model_config import checked_task, parse_parameter_count
 from .._auto.selection import AutoOptimizer
 from .._core.selection import MemoryOption, MemoryPlan, Selection
+from .listing import read_negative_values
 
 __all__ = ["configure_auto", "run_auto", "selection_to_dict"]
 
 
 def configure_auto(parser: argparse.ArgumentParser) -> None:
-    """Add the ``auto`` command's arguments."""
+    """Add the ``auto`` command's arguments.
+
+    A value that starts with a dash and a digit (``--memory-budget -1GB``,
+    ``--params -4M``) is read as the option's value, which its parser then
+    refuses as not positive, rather than as an unknown option.
+
+    Args:
+        parser: the ``auto`` subcommand's parser.
+    """
+    read_negative_values(parser)
     parser.add_argument("--task", help="task name, e.g. text-classification or causal-lm")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--config", help="HF-style config.json (or a directory holding one)")
     source.add_argument(
-        "--params", help="parameter count N: 7e9, 7B, 125M, 1.3b, 350k or 7,000,000"
+        "--params",
+        help="parameter count N, a whole number from 1 to 1e300: 7e9, 7B, 125M, 1.3b, 350k "
+        "or 7,000,000 (commas between groups of three digits only)",
     )
     parser.add_argument("--stage", choices=["pretraining", "finetuning"])
     parser.add_argument(
@@ -29,8 +41,8 @@ def configure_auto(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help=(
             "memory per device for parameters, gradients and optimizer state (activations "
-            "not counted): 24GB (1e9 bytes), 80GiB (2**30 bytes), 512MB or bytes; needs "
-            "--config or --params"
+            "not counted), a finite positive size: 24GB (1e9 bytes), 80GiB (2**30 bytes), "
+            "512MB or bytes; needs --config or --params"
         ),
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")

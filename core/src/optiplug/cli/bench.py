@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ from .._core.registry import Registry
 from .._core.specs import ImplementationSpec, OptimizerSpec
 from .._text import format_table
 from ..errors import OptiplugError
-from .listing import format_bytes, parse_count
+from .listing import format_bytes, parse_count, read_negative_values
 from .schedule import parse_param
 
 if TYPE_CHECKING:
@@ -148,10 +147,6 @@ def _positive(text: str) -> int:
     return value
 
 
-_NEGATIVE_NUMBER = re.compile(r"-\.?\d")
-"""What argparse takes for a negative number from Python 3.14 on: a dash, then a digit."""
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` command's arguments to ``parser``.
 
@@ -163,7 +158,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: the subcommand's parser.
     """
-    parser._negative_number_matcher = _NEGATIVE_NUMBER
+    read_negative_values(parser)
     parser.add_argument(
         "algorithm", nargs="?", default="all", help="an optimizer name, or all (default)"
     )

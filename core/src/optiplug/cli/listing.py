@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "format_bytes",
     "listing",
     "parse_count",
+    "read_negative_values",
     "run_list",
     "run_show",
     "show_memory",
@@ -290,8 +292,29 @@ def parse_count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+_NEGATIVE_VALUE = re.compile(r"-\.?\d")
+"""What argparse takes for a negative number from Python 3.14 on: a dash, then a digit."""
+
+
+def read_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Let ``parser`` read ``--option -1GB`` as the option's value, as Python 3.14's argparse does.
+
+    Before Python 3.14 argparse takes a word that starts with a dash for an
+    option unless it is a plain negative number (``-5``), so ``--params -4M``
+    or ``--memory-budget -1GB`` stopped at "expected one argument" instead
+    of reaching the value's parser, which names the value and refuses it as
+    not positive. ``parser`` must have no option that starts with a dash
+    and a digit (none of optiplug's commands has one).
+
+    Args:
+        parser: a subcommand's parser.
+    """
+    parser._negative_number_matcher = _NEGATIVE_VALUE
+
+
 def configure_show(parser: argparse.ArgumentParser) -> None:
     """Add the ``show`` command's arguments to ``parser``."""
+    read_negative_values(parser)
     parser.add_argument("name", help="an optimizer or schedule name")
     sizing = parser.add_argument_group("state memory estimate (optimizers)")
     sizing.add_argument(
