@@ -151,7 +151,7 @@ def test_the_c_loops_write_and_read_what_the_torch_ops_do(kind, numel, seed, sca
     torch.testing.assert_close(scales, expected_scales, rtol=0, atol=0, equal_nan=True)
     if special not in ("nan", "inf"):  # a non-finite block's codes are undefined; its scale is not
         assert torch.equal(codes, expected_codes)
-        decoded = _decode_blocks(codes, scales, bits, signed, numel, linear)
+        decoded = _decode_blocks(codes, scales, bits, signed, numel, block, linear)
         unpacked = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1) if bits == 4 else codes
         values = _table(bits, signed, torch.device("cpu"), linear)
         reference = values[unpacked.int()].view(scales.numel(), -1) * scales.unsqueeze(1)

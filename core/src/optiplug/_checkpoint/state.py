@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from .._core.builtin import version as optiplug_version
 from .._core.params import GROUP_META_KEYS
 from .._core.specs import OptimizerSpec
+from .._lazy import LazyCallable
 from .._state.check import Target, TargetGroup
 from .._state.values import ParamInfo
 from ..errors import CheckpointError
@@ -207,4 +209,18 @@ def stored_target(
         names = tuple(group["param_names"]) if "param_names" in group else None
         hyperparameters = {k: v for k, v in group.items() if k not in GROUP_META_KEYS}
         groups.append(TargetGroup(params, names, hyperparameters))
-    return Target(spec, tuple(groups), others)
+    return Target(spec, tuple(groups), others, _second_moments(spec))
+
+
+def _second_moments(spec: OptimizerSpec) -> frozenset[str] | None:
+    """The ``second_moments`` of the class ``spec`` builds, where it is imported; else None."""
+    factory: Any = spec.factory
+    if isinstance(factory, LazyCallable):
+        if factory.target.partition(":")[0] not in sys.modules:
+            return None
+        try:
+            factory = factory.resolve()
+        except Exception:  # a broken plugin: the table roles go unchecked
+            return None
+    moments = getattr(factory, "second_moments", None) if isinstance(factory, type) else None
+    return moments if isinstance(moments, frozenset) else None

@@ -38,6 +38,8 @@ import attrs
 
 from .._core.params import GROUP_META_KEYS
 from .._core.specs import OptimizerSpec, Problem
+from .codec import QuantizedState, local_of
+from .quantized_check import role_finding, structure_findings
 from .values import (
     IMPLEMENTATION_FLAGS,
     OPTIONAL_GROUP_KEYS,
@@ -81,11 +83,15 @@ class Target:
         spec: the optimizer's algorithm (``state_slots`` None: generic checks).
         groups: its param groups.
         others: every registered spec, to name the owner of foreign state.
+        second_moments: the slot names the optimizer stores with the unsigned
+            table (its ``second_moments``); a quantized slot in the other
+            table is a problem. None: unknown, not checked.
     """
 
     spec: OptimizerSpec
     groups: tuple[TargetGroup, ...]
     others: tuple[OptimizerSpec, ...] = ()
+    second_moments: frozenset[str] | None = None
 
 
 @attrs.frozen
@@ -549,8 +555,26 @@ def _entries(target: Target, state: Mapping[Any, Any], report: Report) -> None:
             _generic_entry(match, entry, param, report)
         else:
             unexpected |= _schema_entry(target.spec, match, entry, param, group, report)
+        _table_roles(target.second_moments, match, entry, report)
     if unexpected:
         _foreign(target, found_slots, report)
+
+
+def _table_roles(
+    second_moments: frozenset[str] | None,
+    match: Match,
+    entry: Mapping[Any, Any],
+    report: Report,
+) -> None:
+    """Report quantized slots stored in another table than their name takes."""
+    if second_moments is None:
+        return
+    for key, value in entry.items():
+        local = local_of(value)
+        if isinstance(key, str) and isinstance(local, QuantizedState):
+            finding = role_finding(key, local, second_moments)
+            if finding is not None and not structure_findings(local):
+                report.param(match, key, *finding)
 
 
 def _generic_entry(

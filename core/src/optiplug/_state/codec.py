@@ -65,6 +65,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from ..errors import HyperparameterError
+from ..validators import STATE_PRECISIONS
 from .code_rule import code_rule
 from .native_codec import NativeCodec, native_codec
 from .precision import BLOCK_SIZES, CODE_BITS
@@ -265,20 +267,46 @@ def _decode_blocks(
     bits: int,
     signed: bool,
     numel: int,
+    block: int,
     linear: bool = False,
 ) -> torch.Tensor:
-    """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements)."""
+    """The float32 values :func:`_encode_blocks` stored (flat, ``numel`` elements).
+
+    Raises:
+        ValueError: ``codes`` or ``scales`` of another dtype or size than
+            ``numel`` elements in blocks of ``block`` take: nothing is read.
+    """
+    _check_coded_parts(codes, scales, bits, block, numel)
     values = _table(bits, signed, codes.device, linear)
     codec = _native_for(codes)
     if codec is not None and codes.is_contiguous() and scales.is_contiguous():
         out = torch.empty(numel, dtype=torch.float32)
-        block = codes.numel() * 8 // bits // max(1, scales.numel())  # the codes cover whole blocks
         codec.decode(codes, scales, bits, block, values, out)
         return out
     if bits == 4:
         codes = torch.stack((codes & 0xF, codes >> 4), dim=1).reshape(-1)
     decoded = values[codes.int()].view(scales.numel(), -1) * scales.unsqueeze(1)
     return decoded.reshape(-1)[:numel]
+
+
+def _check_coded_parts(
+    codes: torch.Tensor, scales: torch.Tensor, bits: int, block: int, numel: int
+) -> None:
+    """Raise ``ValueError`` unless ``codes``/``scales`` are what ``numel`` elements store."""
+    blocks = -(-numel // block)
+    code_bytes = blocks * block * bits // 8
+    if (
+        codes.dtype == torch.uint8
+        and codes.numel() == code_bytes
+        and scales.dtype == torch.float32
+        and scales.numel() == blocks
+    ):
+        return
+    raise ValueError(
+        f"a {bits}-bit QuantizedState of {numel} elements stores {code_bytes} uint8 code "
+        f"bytes and {blocks} float32 scales; it holds {codes.numel()} {codes.dtype} codes "
+        f"and {scales.numel()} {scales.dtype} scales"
+    )
 
 
 def _native_for(tensor: torch.Tensor) -> NativeCodec | None:
@@ -404,9 +432,16 @@ class QuantizedState(torch.Tensor):
     def dequantize(self) -> torch.Tensor:
         """The value, decoded to a plain tensor of this tensor's dtype."""
         if self.precision == "bf16":
+            if self.codes.dtype != torch.bfloat16 or self.codes.numel() != self.numel():
+                raise ValueError(
+                    f"a bf16 QuantizedState of {self.numel()} elements holds "
+                    f"{self.codes.numel()} {self.codes.dtype} values"
+                )
             return self.codes.to(self.dtype).reshape(self.shape)
-        bits = _BITS[self.precision]
-        flat = _decode_blocks(self.codes, self.scales, bits, self.signed, self.numel(), self.linear)
+        bits, block = _BITS[self.precision], BLOCK_SIZES[self.precision]
+        flat = _decode_blocks(
+            self.codes, self.scales, bits, self.signed, self.numel(), block, self.linear
+        )
         if self.factors is not None:  # flat is new: the factors' part is added in place
             rows = self.shape[0]
             flat.view(rows, -1).addmm_(self.factors[:rows], self.factors[rows:].T)
@@ -835,6 +870,7 @@ def convert_state(
             int8/int4 codes, where they are matrices.
     """
     tables = (second_moments, linear_slots, low_rank_slots)
+    forget_precisions(optimizer)
     chosen = None if params is None else {id(p) for p in params}
     for group in optimizer.param_groups:
         precision = group_precision(group)
@@ -845,6 +881,41 @@ def convert_state(
             for key, value in list(state.items()):
                 if _is_state_tensor(key, value, param):
                     state[key] = _slot_in_precision(key, value, precision, *tables)
+
+
+def state_in_precision(
+    state: dict[Any, dict[str, Any]],
+    groups: Sequence[Mapping[str, Any]],
+    second_moments: frozenset[str] = SECOND_MOMENTS,
+    linear_slots: frozenset[str] = NO_SLOTS,
+    low_rank_slots: frozenset[str] = NO_SLOTS,
+) -> None:
+    """Give each parameter of ``groups`` a new entry in ``state`` with its slots in its
+    group's ``state_precision`` (:func:`convert_state` for state built aside).
+
+    The entries are replaced, never changed in place, so a state mapping
+    that shares entries with an optimizer leaves that optimizer as it was
+    when this raises: loading converts the new state before swapping it in.
+
+    Args:
+        state: parameter -> slots, as an optimizer's ``state``.
+        groups: the param groups the parameters belong to.
+        second_moments: slot names that take the unsigned table without zero.
+        linear_slots: slot names that take the linear signed table.
+        low_rank_slots: slot names that keep :data:`LOW_RANK` factors.
+    """
+    tables = (second_moments, linear_slots, low_rank_slots)
+    for group in groups:
+        precision = group_precision(group)
+        for param in group["params"]:
+            entry = state.get(param)
+            if entry:
+                state[param] = {
+                    key: _slot_in_precision(key, value, precision, *tables)
+                    if _is_state_tensor(key, value, param)
+                    else value
+                    for key, value in entry.items()
+                }
 
 
 def slot_table(
@@ -915,15 +986,14 @@ def step_in_state_precision(
     """
     groups = optimizer.param_groups
     tables = (second_moments, linear_slots, low_rank_slots)
+    _decode_switched(optimizer, _checked_precisions(optimizer, groups), tables)
     low = [group for group in groups if group_precision(group) != "fp32"]
-    if not low:  # loading converted any stored codes (convert_state): nothing to decode
+    if not low:
         step()
         return
     try:
         full = [group for group in groups if group_precision(group) == "fp32"]
-        if full:  # stored codes there (a group switched back to fp32) are decoded first
-            params = [p for g in full for p in g["params"]]
-            convert_state(optimizer, params, *tables)
+        if full:
             optimizer.param_groups = full
             step()
         for group in low:
@@ -933,6 +1003,59 @@ def step_in_state_precision(
                     _step_one(optimizer, param, step, tables, fused_step)
     finally:
         optimizer.param_groups = groups
+
+
+STEPPED_PRECISIONS = "_optiplug_state_precisions"
+"""The optimizer attribute holding its groups' precisions at the last step: while they
+stay, no full-precision group can hold codes, and nothing is scanned."""
+
+
+def _checked_precisions(
+    optimizer: torch.optim.Optimizer, groups: Sequence[Mapping[str, Any]]
+) -> tuple[str, ...]:
+    """Every group's ``state_precision``, each one of :data:`STATE_PRECISIONS`.
+
+    Raises:
+        HyperparameterError: a group holds another value (a typo, or a
+            precision set by hand after creation); nothing has run.
+    """
+    precisions = tuple(group_precision(group) for group in groups)
+    for precision in precisions:
+        if precision not in STATE_PRECISIONS:
+            reason = f"must be one of {', '.join(STATE_PRECISIONS)}"
+            algorithm = getattr(type(optimizer), "algorithm", None)
+            name = algorithm if isinstance(algorithm, str) else type(optimizer).__name__
+            raise HyperparameterError("state_precision", precision, reason, algorithm=name)
+    return precisions
+
+
+def _decode_switched(
+    optimizer: torch.optim.Optimizer,
+    precisions: tuple[str, ...],
+    tables: tuple[frozenset[str], frozenset[str], frozenset[str]],
+) -> None:
+    """Decode the stored codes of full-precision groups when the groups' precisions changed.
+
+    A group set to ``"fp32"`` after steps in a low precision (or state
+    loaded or converted since the last step) may hold codes; its kernels
+    take plain tensors only, so they are decoded before any kernel runs and
+    a step never half-applies. While the precisions stay as they were at the
+    last step, nothing is scanned.
+    """
+    if getattr(optimizer, STEPPED_PRECISIONS, None) == precisions:
+        return
+    groups = optimizer.param_groups
+    full = [
+        p for g, kept in zip(groups, precisions, strict=True) if kept == "fp32" for p in g["params"]
+    ]
+    if full:
+        convert_state(optimizer, full, *tables)
+    setattr(optimizer, STEPPED_PRECISIONS, precisions)
+
+
+def forget_precisions(optimizer: Any) -> None:
+    """Make the next step look for stored codes again (its state was replaced or converted)."""
+    vars(optimizer).pop(STEPPED_PRECISIONS, None)
 
 
 def _narrowed(group: Mapping[str, Any], index: int) -> dict[str, Any]:

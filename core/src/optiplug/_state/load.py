@@ -37,7 +37,7 @@ from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
 from .check import Report, Target, TargetGroup, check, check_whole, kept_keys
-from .codec import NO_SLOTS, SECOND_MOMENTS, convert_state
+from .codec import NO_SLOTS, SECOND_MOMENTS, forget_precisions, state_in_precision
 from .values import ParamInfo, copied_tensor, describe, is_subclass_tensor, truthy
 
 __all__ = [
@@ -103,7 +103,9 @@ def target_of(optimizer: Any, spec: OptimizerSpec, registry: Registry) -> Target
         )
         for group in optimizer.param_groups
     )
-    return Target(spec, groups, tuple(registry.optimizer_specs()))
+    moments = getattr(optimizer, "second_moments", None)
+    second_moments = moments if isinstance(moments, frozenset) else None
+    return Target(spec, groups, tuple(registry.optimizer_specs()), second_moments)
 
 
 def _names(group: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -229,14 +231,9 @@ def load_state_dict(
     if report.fatal or (strict and report.problems):
         raise StateDictError(sorted(report.problems), header=_header(spec, strict, report))
     state, groups = _build(optimizer, spec, state_dict, report)
+    _in_precision(optimizer, state, groups, spec)
     _commit(optimizer, state, groups, spec)
-    # each group keeps its own state_precision: the loaded slots are stored in it
-    convert_state(
-        optimizer,
-        second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS),
-        linear_slots=getattr(optimizer, "linear_slots", NO_SLOTS),
-        low_rank_slots=getattr(optimizer, "low_rank_slots", NO_SLOTS),
-    )
+    forget_precisions(optimizer)  # the next step looks for codes in fp32 groups again
     for change in report.changed:
         _log.info("%s: loaded a changed hyperparameter: %s", spec.name, change)
     return sorted(([] if strict else report.problems) + report.changed)
@@ -353,6 +350,33 @@ def _merged(
                 value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
             )
     return merged
+
+
+def _in_precision(
+    optimizer: Any,
+    state: defaultdict[Any, dict[str, Any]],
+    groups: list[dict[str, Any]],
+    spec: OptimizerSpec,
+) -> None:
+    """Store the new state's slots in each group's ``state_precision``, before it is swapped in.
+
+    Each group keeps its own precision: a full-precision state dict loads
+    into an int8 optimizer and back. A slot that cannot be converted refuses
+    the load with the optimizer untouched (the entries are replaced aside).
+    """
+    try:
+        state_in_precision(
+            state,
+            groups,
+            second_moments=getattr(optimizer, "second_moments", SECOND_MOMENTS),
+            linear_slots=getattr(optimizer, "linear_slots", NO_SLOTS),
+            low_rank_slots=getattr(optimizer, "low_rank_slots", NO_SLOTS),
+        )
+    except Exception as error:  # a slot the codec cannot store: refuse, as a failed swap does
+        found = f"{type(error).__name__}: {error}"[:300]
+        expected = "slots the group's state_precision can store"
+        problem = Problem(kind="load-failed", expected=expected, found=found)
+        raise StateDictError([problem], header=_header(spec, True, Report())) from error
 
 
 def _commit(

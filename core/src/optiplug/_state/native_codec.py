@@ -235,11 +235,49 @@ class NativeCodec:
         table: torch.Tensor,
         out: torch.Tensor,
     ) -> None:
-        """Decode ``codes``/``scales`` into the contiguous float32 ``out`` (``numel`` elements)."""
+        """Decode ``codes``/``scales`` into the contiguous float32 ``out`` (``numel`` elements).
+
+        Raises:
+            ValueError: a buffer the loops would read past, or of another
+                dtype or layout than they read; nothing is read.
+        """
+        _check_decode_buffers(codes, scales, bits, block, table, out)
         self._decode(
             codes.data_ptr(), scales.data_ptr(), out.numel(), block, bits, table.data_ptr(),
             out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
+
+
+def _check_decode_buffers(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block: int,
+    table: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Raise ``ValueError`` unless every buffer covers what the C loops read for ``out``."""
+    numel = out.numel()
+    blocks = -(-numel // block) if block > 0 else -1
+    ok = (
+        bits in (4, 8)
+        and block > 0
+        and block * bits % 8 == 0
+        and codes.dtype == torch.uint8
+        and scales.dtype == torch.float32
+        and table.dtype == torch.float32
+        and out.dtype == torch.float32
+        and all(t.is_contiguous() and t.device.type == "cpu" for t in (codes, scales, table, out))
+        and codes.numel() >= blocks * block * bits // 8
+        and scales.numel() >= blocks
+        and table.numel() == 1 << bits
+    )
+    if not ok:
+        raise ValueError(
+            f"the C decoder reads {numel} {bits}-bit codes in blocks of {block}: given "
+            f"{codes.numel()} {codes.dtype} codes, {scales.numel()} {scales.dtype} scales "
+            f"and a table of {table.numel()}"
+        )
 
 
 @functools.cache

@@ -18,6 +18,8 @@ import torch
 from .._core.specs import OptimizerSpec, StateSlot
 from ..errors import HyperparameterError
 from ..validators import learning_rate, validate_hyperparameters
+from .codec import QuantizedState, local_of
+from .quantized_check import structure_findings
 
 __all__ = [
     "IMPLEMENTATION_FLAGS",
@@ -266,11 +268,17 @@ def copied_tensor(value: torch.Tensor, device: torch.device | str | None = None)
 def constraint_findings(constraints: tuple[str, ...], value: torch.Tensor) -> list[Finding]:
     """Check ``finite``, ``non_negative`` and ``integral`` constraints on a tensor.
 
-    A meta tensor (no data) is a ``device`` finding instead. A tensor
-    subclass (a quantized state) is checked through its floating inner
-    tensors, for ``finite`` only: its other constraints are about the
-    values it encodes, which only the subclass can decode.
+    A meta tensor (no data) is a ``device`` finding instead. optiplug's
+    own :class:`~optiplug.base.QuantizedState` (or a ``DTensor`` shard of
+    one) is checked structurally first
+    (:func:`~optiplug._state.quantized_check.structure_findings`), then its
+    decoded value takes the constraints; another tensor subclass is checked
+    through its floating inner tensors, for ``finite`` only: its other
+    constraints are about the values it encodes, which only it can decode.
     """
+    local = local_of(value)
+    if isinstance(local, QuantizedState):
+        return structure_findings(local) or constraint_findings(constraints, local.dequantize())
     if is_subclass_tensor(value):
         found: list[Finding] = []
         for inner in inner_tensors(value):
