@@ -356,7 +356,16 @@ def test_every_candidate_diverging_is_reported() -> None:
         )
 
 
-@pytest.mark.parametrize(("budget", "measured"), [(100, 1), (1500, 2), (2250, 3), (9000, 3)])
+@pytest.mark.parametrize(("budget", "ranked", "measured"), [(9000, 3, 3), (9000, 5, 5), (10, 3, 1)])
+def test_the_default_candidate_count_is_capped_by_the_ranking(
+    budget: int, ranked: int, measured: int
+) -> None:
+    # a larger budget measures no more candidates than the rules rank (the trainings
+    # themselves are the next test's, at the budget that first reaches the cap)
+    assert tune_module.default_candidates(budget, ranked) == measured
+
+
+@pytest.mark.parametrize(("budget", "measured"), [(100, 1), (1500, 2), (2250, 3)])
 def test_default_candidates_come_from_the_rules_ranking_one_per_750_steps(
     budget: int, measured: int
 ) -> None:

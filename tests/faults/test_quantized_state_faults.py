@@ -342,7 +342,7 @@ def _parts_of(value: QuantizedState) -> tuple[object, ...]:
     return (value.codes, value.scales, value.precision, value.signed, value.linear)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(crafted=_crafted_slot(), precision=st.sampled_from(["int8", "int4", "bf16"]))
 def test_any_crafted_slot_loads_exactly_or_is_refused_with_nothing_changed(
     crafted: tuple[str, QuantizedState], precision: str
