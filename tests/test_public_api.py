@@ -65,6 +65,7 @@ EXPECTED_ALL = {
 
 EXPECTED_ERRORS = {
     "CheckpointError",
+    "ClosureRequiredError",
     "EnvironmentVariableError",
     "GraphError",
     "ImplementationError",
@@ -103,6 +104,7 @@ def test_errors_subclass_builtins() -> None:
     assert issubclass(errors.HyperparameterError, ValueError)
     assert issubclass(errors.StateDictError, ValueError)
     assert issubclass(errors.OptimizerUnavailableError, RuntimeError)
+    assert issubclass(errors.ClosureRequiredError, TypeError)
 
 
 def test_import_scans_no_entry_points_and_imports_no_plugin_or_torch() -> None:

@@ -90,7 +90,7 @@ from ._state.native_state import (
     state_kernel_or_none,
 )
 from ._state.values import copied_tensor, is_subclass_tensor
-from .errors import HyperparameterError
+from .errors import ClosureRequiredError, HyperparameterError
 from .validators import reject_unknown
 
 __all__ = [
@@ -113,6 +113,7 @@ __all__ = [
     "caller_stacklevel",
     "cautious_weight_decay",
     "choose_implementation",
+    "ClosureStep",
     "closure_loss",
     "convert_state",
     "count_layers",
@@ -1055,6 +1056,7 @@ def external_optimizer(
     name: str | None = None,
     module: str | None = None,
     doc: str | None = None,
+    needs_closure: bool = False,
 ) -> type[ExternalOptimizer]:
     """Wrap a third-party optimizer class with optiplug's contract (:class:`ExternalOptimizer`).
 
@@ -1077,11 +1079,16 @@ def external_optimizer(
         module: the importable module that exposes the class; defaults to
             the caller's module.
         doc: the class docstring.
+        needs_closure: its ``step`` needs a closure (declare
+            :attr:`optiplug.OptimizerSpec.step_closure` too): stepping
+            without one raises :class:`~optiplug.errors.ClosureRequiredError`
+            before the library's step runs (:class:`ClosureStep`).
 
     Returns:
         The new optimizer class.
     """
     name = name or cls.__name__
+    bases = (ClosureStep, ExternalOptimizer, cls) if needs_closure else (ExternalOptimizer, cls)
     namespace: dict[str, Any] = {
         "algorithm": algorithm,
         "config_class": config_class,
@@ -1092,7 +1099,28 @@ def external_optimizer(
         "__doc__": doc or f"{cls.__name__} with optiplug's contract ({algorithm}).",
         "__signature__": _wrapper_signature(cls),
     }
-    return cast("type[ExternalOptimizer]", type(name, (ExternalOptimizer, cls), namespace))
+    return cast("type[ExternalOptimizer]", type(name, bases, namespace))
+
+
+class ClosureStep:
+    """Mixin of an optimizer whose ``step`` needs a closure: without one it raises, typed.
+
+    Its library's own step, called without a closure, fails on calling
+    ``None`` (``'NoneType' object is not callable``) or on a missing
+    argument; this one says what to pass before anything runs.
+    """
+
+    algorithm: ClassVar[str]
+
+    def step(self, closure: Callable[[], Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Step with ``closure``, which re-evaluates the model and returns the loss.
+
+        Raises:
+            ClosureRequiredError: no closure was given; nothing changed.
+        """
+        if closure is None:
+            raise ClosureRequiredError(self.algorithm)
+        return super().step(closure, *args, **kwargs)  # type: ignore[misc]  # the library's step
 
 
 def _wrapper_signature(cls: type) -> inspect.Signature:

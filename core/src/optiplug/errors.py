@@ -10,11 +10,13 @@ the field, parameter and value at fault.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "ClosureRequiredError",
     "EnvironmentVariableError",
     "GraphError",
     "HyperparameterError",
@@ -135,6 +137,32 @@ class PluginUnavailable(OptiplugError, RuntimeError):
         self.provides = tuple(provides)
         super().__init__(reason)
 
+    @classmethod
+    def unless_installed(
+        cls, module: str, *, distribution: str | None = None, provides: Iterable[str] = ()
+    ) -> None:
+        """Raise one unless the top-level package ``module`` is installed; import nothing.
+
+        A bridge calls it from its registration hook, so a missing library
+        makes the plugin ``unavailable`` (its names say what to install)
+        instead of every ``create`` failing on an import.
+
+        Args:
+            module: the importable top-level name (``"pytorch_optimizer"``).
+            distribution: what ``pip install`` takes, when it differs.
+            provides: the names the plugin would provide.
+
+        Raises:
+            PluginUnavailable: ``module`` cannot be imported here.
+        """
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or blocked package: not importable
+            found = False
+        if not found:
+            reason = f"{module} is not installed: pip install {distribution or module}"
+            raise cls(reason, provides)
+
 
 class PluginConflictError(OptiplugError, LookupError):
     """Two or more plugins provide one name; pick one with ``provider=``.
@@ -232,6 +260,28 @@ class HyperparameterError(OptiplugError, ValueError):
         """
         return HyperparameterError(
             self.field, self.value, self.reason, algorithm=algorithm, suggestion=self.suggestion
+        )
+
+
+class ClosureRequiredError(OptiplugError, TypeError):
+    """``step()`` was called without the closure this optimizer needs (L-BFGS, SAM-like).
+
+    Nothing ran. Pass ``step(closure)``, where the closure zeroes the
+    gradients, computes the loss, calls ``backward`` and returns the loss,
+    or step with ``optiplug.base.training_step(optimizer, loss_of)``, which
+    builds it.
+
+    Attributes:
+        algorithm: the optimizer's registered name.
+    """
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+        super().__init__(
+            f"{algorithm}: step() needs a closure that re-evaluates the model and returns "
+            "the loss (zero the gradients, compute the loss, call backward, return it): "
+            "call optimizer.step(closure), or step with "
+            "optiplug.base.training_step(optimizer, loss_of)"
         )
 
 

@@ -60,5 +60,8 @@ def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
-    """Provide every heavyball optimizer of the catalogue."""
+    """Provide every heavyball optimizer of the catalogue (none without heavyball)."""
+    optiplug.errors.PluginUnavailable.unless_installed(
+        "heavyball", provides=[entry.name for entry in CATALOG]
+    )
     return [spec_of(entry) for entry in CATALOG]

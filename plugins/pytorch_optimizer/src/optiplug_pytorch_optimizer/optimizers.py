@@ -605,6 +605,7 @@ def wrapper(entry: Entry) -> type[ExternalOptimizer]:
             group_state=entry.group_state,
             name=name,
             module=__name__,
+            needs_closure=entry.closure,
         )
         namespace = {
             "__module__": __name__,

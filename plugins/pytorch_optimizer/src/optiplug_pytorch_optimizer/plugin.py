@@ -107,5 +107,10 @@ def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
-    """Provide every optimizer pytorch-optimizer registers."""
+    """Provide every optimizer pytorch-optimizer registers (none without it)."""
+    optiplug.errors.PluginUnavailable.unless_installed(
+        "pytorch_optimizer",
+        distribution="pytorch-optimizer",
+        provides=[entry.name for entry in ENTRIES],
+    )
     return [spec_of(entry) for entry in ENTRIES]

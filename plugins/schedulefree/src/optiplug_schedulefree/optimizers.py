@@ -56,6 +56,7 @@ def _wrapped(item: Entry) -> type[ExternalOptimizer]:
         module=__name__,
         doc=f"schedulefree's {item.cls} with optiplug's contract ({item.name}). "
         + item.description,
+        needs_closure=item.step_closure,
     )
 
 

@@ -66,7 +66,10 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
-    """Provide every optimizer of ``schedulefree``."""
+    """Provide every optimizer of ``schedulefree`` (none without it)."""
+    optiplug.errors.PluginUnavailable.unless_installed(
+        "schedulefree", provides=[item.name for item in CATALOG]
+    )
     return [spec_of(item) for item in CATALOG]
 
 

@@ -47,5 +47,8 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
-    """Provide every optimizer of ``torchao.optim``."""
+    """Provide every optimizer of ``torchao.optim`` (none without torchao)."""
+    optiplug.errors.PluginUnavailable.unless_installed(
+        "torchao", provides=[item.name for item in CATALOG]
+    )
     return [spec_of(item) for item in CATALOG]
