@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -93,3 +93,22 @@ def run_python(code: str, *paths: Path, **env: str) -> subprocess.CompletedProce
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=environment, check=False
     )
+
+
+@pytest.fixture
+def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The cache file lives in ``tmp_path``; measuring and the cache are on; nothing cached here.
+
+    The budget is wide, so that a busy machine does not leave a choice
+    provisional (and unstored) where a test expects it stored.
+    """
+    from optiplug._choice import timing as _timing  # deferred: conftest imports no optiplug
+    from optiplug._choice.chooser import chooser_of
+
+    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "60")
+    for name in ("OPTIPLUG_AUTOTUNE", "OPTIPLUG_AUTOTUNE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    chooser_of().clear()
+    yield tmp_path / "autotune.json"
+    chooser_of().clear()

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from autotune_helpers import choose, entries, params
 from conftest import run_python
 
 import optiplug
 from optiplug import cli
 from optiplug._choice import cache as _cache
 from optiplug._choice import chooser as _chooser_module
-from optiplug._choice import timing as _timing
 from optiplug._choice.chooser import chooser_of
 from optiplug._core import ranks as _ranks
 from optiplug.errors import EnvironmentVariableError
@@ -26,6 +24,8 @@ from optiplug.errors import EnvironmentVariableError
 # A fresh interpreter creates sgd (loop, foreach, fused: nothing to compile) and
 # prints how the choice was made, once the background measurement (if any) is
 # done and a step has taken it. It inherits OPTIPLUG_CACHE_DIR from the test.
+pytestmark = pytest.mark.usefixtures("_cache_in_tmp")  # every test in a fresh cache
+
 CHILD = """
 import json, torch, optiplug
 from optiplug._choice import cache as _cache
@@ -40,54 +40,12 @@ print(json.dumps({{"impl": optimizer.impl, "source": record.source, "tensors": r
 """
 
 
-@pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The cache file lives in ``tmp_path``; measuring and the cache are on; nothing cached here.
-
-    The budget is wide, so that a busy machine does not leave a choice
-    provisional (and unstored) where a test expects it stored.
-    """
-    monkeypatch.setenv("OPTIPLUG_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(_timing.BUDGET_VARIABLE, "60")
-    for name in ("OPTIPLUG_AUTOTUNE", "OPTIPLUG_AUTOTUNE_CACHE"):
-        monkeypatch.delenv(name, raising=False)
-    chooser_of().clear()
-    yield tmp_path / "autotune.json"
-    chooser_of().clear()
-
-
 def child() -> dict[str, Any]:
     """Run :data:`CHILD` in a fresh interpreter; its printed record."""
     done = run_python(CHILD.format(size=64, count=2, dtype="float32"))
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
-
-
-def params(size: int = 64, count: int = 2, dtype: torch.dtype = torch.float32) -> list[Any]:
-    return [torch.nn.Parameter(torch.ones(size, dtype=dtype)) for _ in range(count)]
-
-
-def choose(size: int = 64, count: int = 2, dtype: torch.dtype = torch.float32) -> Any:
-    """As a new process would: forget this process's choices, then create sgd; its record.
-
-    A first choice is measured in the background: waited for here, and taken
-    by the optimizer at its next step.
-    """
-    chooser_of().clear()
-    optimizer = optiplug.create("sgd", params(size, count, dtype), momentum=0.9)
-    chooser_of().wait_for_measurements()
-    optimizer.step()
-    [record] = chooser_of().measurements().values()
-    assert record.winner == optimizer.impl  # type: ignore[attr-defined]
-    return record
-
-
-def entries(file: Path) -> dict[str, Any]:
-    data = json.loads(file.read_text())
-    assert data["format"] == 1
-    found: dict[str, Any] = data["entries"]
-    return found
 
 
 def test_the_next_fresh_process_takes_the_choice_from_the_cache_without_measuring(
@@ -309,75 +267,3 @@ def test_a_background_measurement_left_provisional_is_measured_again_and_written
     assert found["late"] == [] and found["impl"] == found["winner"]
     [entry] = entries(_cache_in_tmp).values()
     assert entry["winner"] == found["winner"]
-
-
-def _set_timing(file: Path, value: Any) -> None:
-    """Rewrite every stored timing of the file's entries to ``value`` (raw JSON text)."""
-    data = json.loads(file.read_text())
-    for entry in data["entries"].values():
-        entry["timings"] = dict.fromkeys(entry["timings"], "@@")
-    file.write_text(json.dumps(data).replace('"@@"', value))
-
-
-DEPTH = 100_000  # beyond any recursion limit: the JSON parser raises RecursionError
-
-
-@pytest.mark.parametrize(
-    "timing",
-    [str(10**400), "-1.0", "NaN", "Infinity", "[" * 500 + "]" * 500, "[" * DEPTH + "]" * DEPTH],
-    ids=["huge-integer", "negative", "nan", "infinity", "nested-500", "nested-deep"],
-)
-def test_a_crafted_entry_is_a_miss_and_never_breaks_creating(
-    timing: str, _cache_in_tmp: Path
-) -> None:
-    choose()
-    _set_timing(_cache_in_tmp, timing)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the deepest one makes the whole file unreadable
-        assert choose().source == "measured"
-    [entry] = entries(_cache_in_tmp).values()
-    assert all(value is None or math.isfinite(value) for value in entry["timings"].values())
-    assert choose().source == "cache"
-
-
-def _fifo(file: Path) -> None:
-    os.mkfifo(file)
-
-
-def _link_to_zero(file: Path) -> None:
-    file.symlink_to("/dev/zero")
-
-
-def _too_large(file: Path) -> None:
-    file.write_text('{"format": 1, "entries": {}}' + " " * _cache.MAX_BYTES)
-
-
-def _nested_file(file: Path) -> None:
-    file.write_text("[" * DEPTH + "]" * DEPTH)
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and /dev/zero")
-@pytest.mark.parametrize("craft", [_fifo, _link_to_zero, _too_large, _nested_file])
-def test_a_cache_path_that_is_no_regular_file_is_ignored_without_blocking(
-    craft: Any, _cache_in_tmp: Path
-) -> None:
-    craft(_cache_in_tmp)
-    with pytest.warns(UserWarning, match="ignoring the unreadable autotune cache"):
-        assert choose().source == "measured"
-    assert _cache_in_tmp.is_file() and not _cache_in_tmp.is_symlink()  # replaced by the choice
-    assert choose().source == "cache"
-
-
-def test_clearing_a_cache_path_that_is_a_directory_says_so_and_leaves_it(
-    _cache_in_tmp: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _cache_in_tmp.mkdir()
-    with pytest.raises(IsADirectoryError, match="is a directory"):
-        _cache.clear()
-    assert cli.main(["bench", "--clear-cache"]) == 1
-    captured = capsys.readouterr()
-    assert captured.err.strip() == (
-        f"optiplug: cannot clear the autotune cache {_cache_in_tmp}: "
-        "the autotune cache path is a directory; nothing removed"
-    )
-    assert "Traceback" not in captured.err and _cache_in_tmp.is_dir()
