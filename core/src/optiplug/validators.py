@@ -37,6 +37,7 @@ __all__ = [
     "boolean",
     "hyperparameter",
     "hyperparameters_of",
+    "known_hyperparameters",
     "learning_rate",
     "non_negative",
     "positive",
@@ -346,6 +347,26 @@ def reject_unknown(names: Iterable[str], known: Iterable[str], algorithm: str) -
                 algorithm=algorithm,
                 suggestion=suggestion,
             )
+
+
+def known_hyperparameters(
+    config: type | None = None, factory: Callable[..., Any] | None = None
+) -> frozenset[str] | None:
+    """The keywords :func:`validate_hyperparameters` accepts; None when it accepts any.
+
+    Args:
+        config: the algorithm's attrs config class, if it has one.
+        factory: the optimizer factory (read by signature when no config).
+
+    Returns:
+        The config's fields, else the factory's named keywords; None for a
+        factory that takes ``**kwargs`` or none given.
+    """
+    if config is not None:
+        return frozenset(f.name for f in attrs.fields(config))
+    if factory is None or _accepts_any_keyword(factory):
+        return None
+    return frozenset(p.name for p in _keyword_parameters(factory))
 
 
 def validate_hyperparameters(

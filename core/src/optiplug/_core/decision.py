@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .._lazy import LazyCallable
-from ..validators import validate_hyperparameters
+from ..validators import known_hyperparameters, validate_hyperparameters
 from .params import group_overrides
 from .specs import ImplementationSpec
 
@@ -81,7 +81,10 @@ def validate(
 
     The one validation routine: :func:`optiplug.create`,
     :meth:`optiplug.Registry.factory` and the optimizer classes of
-    :mod:`optiplug.base` (built directly) all call it.
+    :mod:`optiplug.base` (built directly) all call it. A group key the
+    algorithm does not know (timm's ``lr_scale``, a user's tag) is left in
+    the group unchecked, as ``torch.optim`` leaves it; an unknown keyword
+    of ``hparams`` itself is refused (a misspelt hyperparameter).
 
     Returns:
         The ``config`` instance of ``hparams``, or None without a config class.
@@ -90,8 +93,10 @@ def validate(
         HyperparameterError: naming the algorithm, field and value.
     """
     result = validate_hyperparameters(algorithm, hparams, config=config, factory=factory)
+    known = known_hyperparameters(config, factory)
     for override in group_overrides(params):
-        validate_hyperparameters(algorithm, {**hparams, **override}, config=config, factory=factory)
+        checked = {k: v for k, v in override.items() if known is None or k in known}
+        validate_hyperparameters(algorithm, {**hparams, **checked}, config=config, factory=factory)
     return result
 
 

@@ -163,15 +163,18 @@ def _route(
     groups: list[dict[str, Any]] = []
     labels: list[tuple[str, str]] = []
     entries: list[tuple[_Entry, MuonConfig]] = []
+    fields = {field.name for field in attrs.fields(type(config))}
     for group in named_param_groups(params):
-        local = attrs.evolve(config, **group.options) if group.options else config
+        known = {k: v for k, v in group.options.items() if k in fields}
+        extra = {k: v for k, v in group.options.items() if k not in fields}  # timm's lr_scale
+        local = attrs.evolve(config, **known) if known else config
         decided = _decided(list(group.params), len(entries), local, model)
         entries += [(e, local) for e in decided]
         for use_muon in (True, False):
             chosen = [e for e in decided if e.decision.use_muon is use_muon]
             if chosen:
                 named = [(e.name, e.tensor) for e in chosen]
-                groups.append(_group_dict(named, use_muon, local, keys))
+                groups.append({**extra, **_group_dict(named, use_muon, local, keys)})
                 labels += [(e.label, e.decision.reason) for e in chosen]
     if any(e.name is None and e.decision.use_muon and c.use_muon is None for e, c in entries):
         warn_at_caller(
