@@ -146,6 +146,42 @@ def test_checkpoint_resume_is_bit_equal(
         assert torch.equal(mine.detach(), twin.detach())
 
 
+def _clashing_names() -> list[str]:
+    """Catalogue names another provider also serves (optiplug's adamw, pytorch-optimizer's soap)."""
+    specs = optiplug.default_registry().optimizer_specs()
+    others = {s.name for s in specs if s.provider is None or s.provider.plugin != "heavyball"}
+    return sorted(set(NAMES) & others)
+
+
+@pytest.mark.parametrize("name", _clashing_names())
+def test_a_clashing_name_resumes_through_the_default_registry(name: str, tmp_path: Path) -> None:
+    """Saved as ``heavyball:NAME`` among every installed plugin, it loads back and resumes.
+
+    The checkpoint records the plugin that saved it; checking it against
+    the plain name's provider (optiplug's own adamw, say) refused what save
+    had written.
+    """
+    _limited(name, "checkpoint")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 64))
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    original = optiplug.create(f"heavyball:{name}", named, lr=1e-3)
+    _steps(original, params, 0, 3)
+    set_training(original, False)
+    checkpoint.save(tmp_path / "ckpt", original)
+    saved = [(n, torch.nn.Parameter(p.detach().clone())) for n, p in named]
+    torch.manual_seed(1)
+    _steps(original, params, 3, 2)
+    restored = optiplug.create(f"heavyball:{name}", saved, lr=1e-3)
+    checkpoint.load(tmp_path / "ckpt", restored)
+    torch.manual_seed(1)
+    twins = [p for _, p in saved]
+    _steps(restored, twins, 3, 2)
+    for mine, twin in zip(params, twins, strict=True):
+        assert torch.equal(mine.detach(), twin.detach())
+
+
 def test_heavyballs_own_state_dict_loads(registry: optiplug.Registry) -> None:
     """A state dict of heavyball's own class (nested per view, a "heavyball" entry) loads and resumes."""
     param, twin = _parameter(), _parameter()

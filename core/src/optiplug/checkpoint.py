@@ -324,7 +324,7 @@ def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadR
     registry = registry_of(optimizer)
     state_dict, own = _examine(stored, registry)
     spec = spec_of(optimizer, registry)
-    mismatch = _algorithm_problems(stored.metadata["algorithm"], spec)
+    mismatch = _algorithm_problems(stored.metadata, spec)
     if strict and own:
         header = (
             f"{stored.path} holds invalid state (as optiplug check reports); nothing was changed"
@@ -344,13 +344,33 @@ def _examine(stored: Stored, registry: Registry) -> tuple[dict[str, Any], tuple[
     validated against the checkpoint's own parameter records and its
     algorithm's schema (generic checks when the algorithm is not installed).
     """
-    _import_algorithm(stored.metadata["algorithm"], registry)
+    _import_algorithm(stored.metadata, registry)
     state_dict = state_dict_from(stored)
     report = check(_self_target(stored, state_dict, registry), state_dict)
     return state_dict, tuple(sorted(report.problems))
 
 
-def _import_algorithm(name: str, registry: Registry) -> None:
+def _saved_spec(metadata: Mapping[str, Any], registry: Registry) -> OptimizerSpec:
+    """The spec of the algorithm a checkpoint names, from the plugin that saved it.
+
+    A bridged name may also be a native one (heavyball's ``adamw``): the
+    recorded plugin picks the provider, so the checkpoint is checked against
+    the schema it was written with. An algorithm not installed here (or a
+    checkpoint without a plugin record) falls back to the plain name, then
+    to a schema-less spec.
+    """
+    name = metadata["algorithm"]
+    plugin = metadata.get("plugin")
+    provider = plugin.get("plugin") if isinstance(plugin, Mapping) else None
+    for wanted in (provider, None) if isinstance(provider, str) else (None,):
+        try:
+            return registry.spec(name, provider=wanted)
+        except OptiplugError:
+            continue
+    return OptimizerSpec(name=name, factory=object)
+
+
+def _import_algorithm(metadata: Mapping[str, Any], registry: Registry) -> None:
     """Import the module of the algorithm a checkpoint names, where ``registry`` has it.
 
     Its state's tensor subclasses (a library's quantized state) are then
@@ -360,10 +380,7 @@ def _import_algorithm(name: str, registry: Registry) -> None:
     algorithm that is not installed, or whose module fails to import, is
     left to the decoding error, which says what to install.
     """
-    try:
-        factory = registry.spec(name).factory
-    except OptiplugError:
-        return
+    factory = _saved_spec(metadata, registry).factory
     if isinstance(factory, LazyCallable):
         try:
             factory.resolve()
@@ -384,10 +401,18 @@ def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:
     return {key: decode(value, stored.tensors, where) for key, value in records.items()}
 
 
-def _algorithm_problems(saved: str, spec: OptimizerSpec) -> list[Problem]:
-    if saved == spec.name:
+def _algorithm_problems(metadata: Mapping[str, Any], spec: OptimizerSpec) -> list[Problem]:
+    """A problem when the checkpoint's algorithm is not ``spec``'s: another name, or the
+    same name from another plugin (heavyball's ``adamw`` into optiplug's)."""
+    plugin = metadata.get("plugin")
+    saved_plugin = plugin.get("plugin") if isinstance(plugin, Mapping) else None
+    own_plugin = spec.provider.plugin if spec.provider is not None else None
+    saved, name = metadata["algorithm"], spec.name
+    if saved == name and (saved_plugin is None or own_plugin is None or saved_plugin == own_plugin):
         return []
-    expected, found = f"a checkpoint of {spec.name}", f"a checkpoint of {saved}"
+    if saved == name:
+        saved, name = f"{saved_plugin}:{saved}", f"{own_plugin}:{name}"
+    expected, found = f"a checkpoint of {name}", f"a checkpoint of {saved}"
     return [Problem(slot="algorithm", kind="algorithm", expected=expected, found=found)]
 
 
@@ -553,11 +578,7 @@ def _sharded_info(
 
 
 def _self_target(stored: Stored, state_dict: Mapping[str, Any], registry: Registry) -> Any:
-    name = stored.metadata["algorithm"]
-    try:
-        spec = registry.spec(name)
-    except OptiplugError:
-        spec = OptimizerSpec(name=name, factory=object)
+    spec = _saved_spec(stored.metadata, registry)
     others = tuple(registry.optimizer_specs())
     return stored_target(stored, state_dict, spec, others)
 
