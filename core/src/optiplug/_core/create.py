@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import ImplementationError, OptiplugError
-from ..validators import hyperparameters_of
+from ..validators import hyperparameters_of, known_hyperparameters
 from . import decision as _decision
 from .binding import provided_default
 from .decision import Prepared
@@ -24,6 +24,13 @@ from .groups import (
 from .params import parameter_tensors
 from .protocols import ImplementationSelector, OptimizerCreator
 from .specs import ImplementationSpec, OptimizerSpec
+from .torch_flags import (
+    KERNEL_FLAGS,
+    REFUSED_FLAGS,
+    all_on_cuda,
+    fixed_decoupling,
+    torch_flag_spellings,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -276,6 +283,7 @@ def create_optimizer(
         ImplementationError: the forced ``impl`` failed to build (chained).
     """
     params, model = module_params(params, hparams.get("model"))
+    impl, hparams = _spelled(spec, candidates, impl, hparams, params)
     grouping = {key: hparams[key] for key in GROUPING_KEYWORDS if hparams.get(key) is not None}
     merged, config = _validated(spec, hparams, params)
     if model is not None and _takes_model(spec):
@@ -294,6 +302,24 @@ def create_optimizer(
     if reasons:
         _set(optimizer, GROUPING_ATTRIBUTE, reasons)
     return optimizer
+
+
+def _spelled(
+    spec: OptimizerSpec,
+    candidates: Sequence[ImplementationSpec],
+    impl: str | None,
+    hparams: dict[str, Any],
+    params: Sequence[Any],
+) -> tuple[str | None, dict[str, Any]]:
+    """``impl`` and the keywords with torch's ``fused=``/``foreach=`` read as ``impl``."""
+    flags = (*KERNEL_FLAGS, *REFUSED_FLAGS, "decoupled_weight_decay")
+    if not any(flag in hparams for flag in flags):
+        return impl, hparams
+    known = known_hyperparameters(spec.config, spec.factory)
+    names = [candidate.name for candidate in candidates]
+    on_cuda = all_on_cuda(parameter_tensors(params))
+    decoupled = fixed_decoupling(spec.factory) if "decoupled_weight_decay" in hparams else None
+    return torch_flag_spellings(spec.name, names, known, impl, hparams, on_cuda, decoupled)
 
 
 def _takes_model(spec: OptimizerSpec) -> bool:

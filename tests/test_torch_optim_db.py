@@ -1,0 +1,117 @@
+"""torch's own optimizer test inputs (``optim_db``) through optiplug: accepted and bit-equal, or refused.
+
+For torch's Adam, AdamW and SGD, every CPU input of
+``torch.testing._internal.common_optimizers.optim_db`` is given to
+``optiplug.create`` with each kernel spelling torch takes (none, ``foreach``
+True/False, ``fused`` True/False, ``differentiable``). Each combination is
+either accepted, and then steps bit for bit as torch's class does with the
+same keywords (the same kernel: flags are spellings of ``impl``), or refused
+with a :class:`~optiplug.errors.HyperparameterError` naming the keyword.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import optiplug
+from optiplug.errors import HyperparameterError
+
+common_optimizers = pytest.importorskip("torch.testing._internal.common_optimizers")
+
+ALGORITHMS = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd"}
+SPELLINGS: list[dict[str, Any]] = [
+    {},
+    {"foreach": True},
+    {"foreach": False},
+    {"fused": True},
+    {"fused": False},
+    {"fused": False, "foreach": False},
+    {"differentiable": True},
+]
+REFUSED = {"differentiable": "optiplug's steps run under torch.no_grad()"}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for info in common_optimizers.optim_db:
+        name = ALGORITHMS.get(info.optim_cls.__name__)
+        if name is None:
+            continue
+        for index, given in enumerate(info.optim_inputs_func(device="cpu", dtype=torch.float32)):
+            for flags in SPELLINGS:
+                label = f"{name}-{index}-{'-'.join(f'{k}={v}' for k, v in flags.items()) or 'none'}"
+                cases.append(
+                    pytest.param(info.optim_cls, name, dict(given.kwargs), flags, id=label)
+                )
+    return cases
+
+
+def _params() -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in ((5, 3), (3,))]
+
+
+def _run(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> None:
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for param in params:
+            param.grad = torch.randn(param.shape, generator=generator)
+        optimizer.step()
+
+
+@pytest.mark.parametrize(("torch_class", "name", "kwargs", "flags"), _cases())
+def test_torch_inputs_are_bit_equal_or_refused_with_the_reason(
+    torch_class: type, name: str, kwargs: dict[str, Any], flags: dict[str, Any]
+) -> None:
+    ours, theirs = _params(), _params()
+    refused = [key for key, value in flags.items() if key in REFUSED and value]
+    if refused:
+        with pytest.raises(HyperparameterError, match=REFUSED[refused[0]]):
+            optiplug.create(name, ours, **kwargs, **flags)
+        return
+    # torch's CPU default (no flags, or fused=False alone) is its for-loop kernel
+    impl = {} if flags.get("fused") or flags.get("foreach") is not None else {"impl": "loop"}
+    optimizer = optiplug.create(name, ours, **kwargs, **flags, **impl)
+    _run(optimizer, ours)
+    _run(torch_class(theirs, **kwargs, **flags), theirs)
+    for mine, twin in zip(ours, theirs, strict=True):
+        assert torch.equal(mine.detach(), twin.detach())
+
+
+@pytest.mark.parametrize(
+    ("name", "keywords", "field", "message"),
+    [
+        ("adamw", {"fused": True, "foreach": True}, "fused", "cannot be True with foreach=True"),
+        ("adamw", {"fused": True, "impl": "loop"}, "impl", "contradicts fused=True"),
+        ("sgd", {"foreach": "yes"}, "foreach", "must be True, False or None"),
+        ("adam", {"capturable": True}, "capturable", "CUDA-graph capture"),
+        ("adam", {"decoupled_weight_decay": True}, "decoupled_weight_decay", "is 'adamw'"),
+        ("adamw", {"decoupled_weight_decay": False}, "decoupled_weight_decay", "is 'adam'"),
+    ],
+)
+def test_a_contradictory_or_unsupported_torch_keyword_is_refused_naming_it(
+    name: str, keywords: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(HyperparameterError, match=message) as refused:
+        optiplug.create(name, _params(), lr=1e-3, **keywords)
+    assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("name", "keywords", "impl"),
+    [
+        ("adamw", {"fused": True}, "fused"),
+        ("adam", {"foreach": True}, "foreach"),
+        ("sgd", {"foreach": False}, "loop"),
+        ("adamw", {"capturable": False, "differentiable": False}, None),
+        ("adam", {"decoupled_weight_decay": False}, None),
+        ("adamw", {"decoupled_weight_decay": True, "fused": None, "foreach": None}, None),
+    ],
+)
+def test_torch_keywords_spell_impl(name: str, keywords: dict[str, Any], impl: str | None) -> None:
+    optimizer = optiplug.create(name, _params(), lr=1e-3, **keywords)
+    if impl is not None:
+        assert optimizer.impl == impl  # type: ignore[attr-defined]
