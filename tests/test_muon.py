@@ -620,3 +620,44 @@ def test_explain_shows_the_muon_rule_and_the_default_rules() -> None:
         task="causal-lm", stage="finetuning", num_parameters=10**7
     )
     assert "muon" not in finetuning
+
+
+@pytest.mark.parametrize(
+    ("shape", "adjust_lr", "expected"),
+    [
+        ((64, 3, 3, 3), "original", math.sqrt(64 / 27)),  # the flattened 64 x 27 matrix: 1.54
+        ((64, 3, 3, 3), "original_last_two", 1.0),  # the reference's last two dimensions
+        ((3, 64, 5, 2), "original_last_two", math.sqrt(5 / 2)),
+        ((96, 64), "original", math.sqrt(96 / 64)),  # a matrix: the two readings agree
+        ((96, 64), "original_last_two", math.sqrt(96 / 64)),
+        ((64, 3, 3, 3), "match_rms_adamw", 0.2 * math.sqrt(64)),
+    ],
+)
+def test_the_lr_adjustment_of_a_conv_kernel_follows_the_chosen_reading(
+    shape: tuple[int, ...], adjust_lr: str, expected: float
+) -> None:
+    from optiplug_muon.optimizer import adjust_lr_factor
+
+    assert adjust_lr_factor(torch.zeros(shape), adjust_lr) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_conv_kernel_steps_by_the_reference_reading_with_original_last_two() -> None:
+    """The same orthogonalised update, scaled by 1.0 instead of sqrt(64/27)."""
+    deltas = {}
+    for adjust_lr in ("original", "original_last_two"):
+        start = torch.randn(64, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+        conv = torch.nn.Parameter(start.clone())
+        optimizer = optiplug.create(
+            "muon", [("conv.weight", conv)], lr=0.01, adjust_lr=adjust_lr, weight_decay=0.0
+        )
+        conv.grad = torch.randn(conv.shape, generator=torch.Generator().manual_seed(1))
+        optimizer.step()
+        deltas[adjust_lr] = (conv.detach() - start).double()
+    ratio = math.sqrt(64 / 27)
+    # each new parameter is rounded to float32 once: a delta is off by half an ulp of |p|
+    # (at most 2**-24 * 2 * max|p|, the ulp doubling once per binade), the scaled one by
+    # ratio times that; the orthogonalised update itself is the same computation
+    ulp = 2.0**-23 * float(start.abs().max())
+    torch.testing.assert_close(
+        deltas["original"], deltas["original_last_two"] * ratio, rtol=0, atol=(1 + ratio) * ulp
+    )

@@ -40,8 +40,12 @@ __all__ = [
     "ns_dtype_name",
 ]
 
-ADJUST_LR = ("original", "match_rms_adamw")
-"""``original``: lr * sqrt(max(1, rows/cols)); ``match_rms_adamw``: lr * 0.2 * sqrt(max(rows, cols))."""
+ADJUST_LR = ("original", "match_rms_adamw", "original_last_two")
+"""``original``: lr * sqrt(max(1, rows/cols)) of the matrix Muon orthogonalises (a conv
+kernel flattened to out x in*kh*kw); ``match_rms_adamw``: lr * 0.2 * sqrt(max(rows,
+cols)); ``original_last_two``: lr * sqrt(max(1, shape[-2]/shape[-1])) of the parameter
+as it is, as Keller Jordan's reference code reads it (1.0 for a 64x3x3x3 kernel, where
+``original`` gives 1.54; the same for a matrix)."""
 
 NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
 """Dtypes Newton-Schulz may run in (None picks per device)."""
@@ -216,7 +220,8 @@ class MuonConfig:
         weight_decay_mode: ``"decoupled"`` (``p *= 1 - lr*wd``) or
             ``"cautious"`` (only where the update and the parameter agree in
             sign, arXiv 2510.12402, as the modded-nanogpt speedrun does).
-        adjust_lr: ``"original"`` or ``"match_rms_adamw"`` (see :data:`ADJUST_LR`).
+        adjust_lr: ``"original"``, ``"match_rms_adamw"`` or ``"original_last_two"``
+            (see :data:`ADJUST_LR`).
         ns_dtype: dtype Newton-Schulz runs in; None = bfloat16 where the device
             has fast bf16 matmul, else float32.
         ns_batch: orthogonalise same-shape matrices in one batched matmul

@@ -80,12 +80,16 @@ def adjust_lr_factor(param: Tensor, adjust_lr: str) -> float:
 
     Args:
         param: a Muon parameter.
-        adjust_lr: ``"original"`` (sqrt(max(1, rows/cols))) or
-            ``"match_rms_adamw"`` (0.2 * sqrt(max(rows, cols))).
+        adjust_lr: ``"original"`` (sqrt(max(1, rows/cols)) of the flattened
+            matrix), ``"match_rms_adamw"`` (0.2 * sqrt(max(rows, cols))) or
+            ``"original_last_two"`` (sqrt(max(1, shape[-2]/shape[-1])) of the
+            parameter as it is, the reference code's reading of a conv kernel).
 
     Returns:
         The factor applied to the group's lr.
     """
+    if adjust_lr == "original_last_two":
+        return math.sqrt(max(1.0, param.shape[-2] / param.shape[-1]))
     return _adjust(*matrix_shape(param), adjust_lr)
 
 
