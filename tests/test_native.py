@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from optiplug._native import _compiler
 from optiplug.base import NativeLibrary, build_c_library
 from optiplug.errors import EnvironmentVariableError, NativeBuildError
 
@@ -118,3 +120,73 @@ def test_a_source_that_does_not_build_says_what_the_compiler_said(own_cache) -> 
 def test_a_bad_name_is_refused(name: str) -> None:
     with pytest.raises(ValueError, match="name"):
         build_c_library(SOURCE, name=name)
+
+
+def test_a_compiler_whose_version_fails_is_named_with_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cannot run here' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    _compiler.cache_clear()
+    try:
+        with pytest.raises(NativeBuildError, match="--version exited 3: cannot run here"):
+            build_c_library(SOURCE, name="optiplug-test")
+    finally:
+        _compiler.cache_clear()
+
+
+NO_COMPILER_CHILD = """
+import warnings, torch, optiplug
+warnings.simplefilter("always")
+param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
+opt = optiplug.create("adamw", [param], lr=1e-3, state_precision="int8", impl="fused")
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    for step in range(5):
+        param.grad = torch.randn(128, 64, generator=torch.Generator().manual_seed(1 + step))
+        opt.step()
+        if step == 0:
+            first = param.detach().clone()
+            codes = opt.state[param]["exp_avg"].codes.clone()
+torch.save({{"param": first, "codes": codes}}, {out!r})
+print(sum("C kernels are unavailable" in str(w.message) for w in seen))
+"""
+
+
+@pytest.mark.slow
+def test_without_a_compiler_int8_adamw_warns_once_and_steps_as_the_c_path(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    import optiplug
+
+    out = tmp_path / "first.pt"
+    child = subprocess.run(
+        [sys.executable, "-c", NO_COMPILER_CHILD.format(out=str(out))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_environment(), "CC": "/nonexistent", "OPTIPLUG_CACHE_DIR": str(tmp_path / "c")},
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip().splitlines()[-1] == "1"  # one warning, for every kernel
+    torch_path = torch.load(out)
+    param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
+    start = param.detach().clone()
+    opt = optiplug.create("adamw", [param], lr=1e-3, state_precision="int8", impl="fused")
+    param.grad = torch.randn(128, 64, generator=torch.Generator().manual_seed(1))
+    opt.step()  # the C step
+    # the documented bound of the C step against the torch path: 8 ulps of the parameter
+    # and of the update's terms (|update| <= lr * (1 + weight decay |p|)), the moments
+    # within one code
+    bound = 8 * 2.0**-23 * (start.abs() + 1e-3 * (1 + start.abs()))
+    assert bool(((param.detach() - torch_path["param"]).abs() <= bound).all())
+    codes = opt.state[param]["exp_avg"].codes.int()
+    assert int((codes - torch_path["codes"].int()).abs().max()) <= 1
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("OPTIPLUG_STRICT_PLUGINS", "CC")}

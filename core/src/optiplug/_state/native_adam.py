@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .._native import NativeLibrary, build_c_library
+from .._native import NativeLibrary, build_c_library, warn_unbuilt
 from ..errors import NativeBuildError
 from .codec import QuantizedState, _table, group_precision, seed_term
 from .native_codec import RULE_SOURCE, RuleStructure, rule_structure
@@ -497,7 +497,8 @@ def native_adam() -> NativeAdam | None:
     """The C step, built once per process; None without a C compiler or with it switched off."""
     try:
         return NativeAdam(build_c_library(_SOURCE, name="optiplug-adam"))
-    except NativeBuildError:
+    except NativeBuildError as error:
+        warn_unbuilt(str(error))
         return None
 
 

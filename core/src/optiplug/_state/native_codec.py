@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._native import NativeLibrary, build_c_library
+from .._native import NativeLibrary, build_c_library, warn_unbuilt
 from ..errors import NativeBuildError
 from .code_rule import LOWEST_EXPONENT, code_rule
 
@@ -285,5 +285,6 @@ def native_codec() -> NativeCodec | None:
     """The C codec, built once per process; None without a C compiler or with it switched off."""
     try:
         return NativeCodec(build_c_library(_SOURCE, name="optiplug-codec"))
-    except NativeBuildError:
+    except NativeBuildError as error:
+        warn_unbuilt(str(error))
         return None

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from .._native import build_c_library
+from .._native import build_c_library, warn_unbuilt
 from ..errors import NativeBuildError
 from .codec import QuantizedState, group_precision, seed_term
 from .native_adam import _SOURCE as _CODEC_SOURCE
@@ -272,7 +272,8 @@ def state_kernel_or_none(source: StateKernelSource) -> StateKernel | None:
     """:func:`build_state_kernel`, or None where it cannot be built (tried once per process)."""
     try:
         return build_state_kernel(source)
-    except NativeBuildError:
+    except NativeBuildError as error:
+        warn_unbuilt(str(error))
         return None
 
 
