@@ -154,6 +154,16 @@ def test_the_default_location_follows_xdg_and_then_home(
     assert _cache.path() == tmp_path / "home/.cache/optiplug/autotune.json"
 
 
+def test_the_default_location_is_the_platforms_user_cache_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import platformdirs
+
+    monkeypatch.delenv("OPTIPLUG_CACHE_DIR")
+    expected = Path(platformdirs.user_cache_dir("optiplug", appauthor=False))
+    assert _cache.path() == expected / "autotune.json"  # ~/Library/Caches on macOS, and so on
+
+
 def test_cache_off_neither_reads_nor_writes(
     _cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

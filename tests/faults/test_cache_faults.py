@@ -94,3 +94,27 @@ def test_clearing_a_cache_path_that_is_a_directory_says_so_and_leaves_it(
         "the autotune cache path is a directory; nothing removed"
     )
     assert "Traceback" not in captured.err and _cache_in_tmp.is_dir()
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from optiplug._choice import cache
+file, who = Path(sys.argv[1]), sys.argv[2]
+for index in range(40):
+    cache.store({"writer": who, "index": index}, "loop", {"loop": 1e-3}, file=file)
+"""
+
+
+@pytest.mark.slow
+def test_processes_writing_the_cache_at_once_keep_every_entry(_cache_in_tmp: Path) -> None:
+    import subprocess
+    import sys
+
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(_cache_in_tmp), who])
+        for who in ("a", "b", "c")
+    ]
+    assert [writer.wait(timeout=300) for writer in writers] == [0, 0, 0]
+    stored = entries(_cache_in_tmp)
+    assert len(stored) == 3 * 40  # read, merged and replaced under the lock: none lost

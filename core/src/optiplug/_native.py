@@ -10,7 +10,7 @@ have an equally fast one almost at once.
 :func:`build_c_library` builds a C source into a shared library and loads
 it with :mod:`ctypes` (whose calls release the GIL). The library is kept in
 ``kernels/`` under optiplug's cache directory (``$OPTIPLUG_CACHE_DIR``, else
-``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``), named by a
+the platform's user cache directory; see :func:`optiplug._core.env.cache_directory`), named by a
 digest of the source, the compiler's identity, the flags and the CPU model,
 so a later process loads it without building, and a machine with another
 CPU or compiler builds its own. It is written to a temporary file and
@@ -49,6 +49,7 @@ from typing import Any
 import attrs
 
 from ._core.env import cache_directory, cpu_model, env_flag
+from ._core.registry import PluginWarning
 from .errors import NativeBuildError
 
 __all__ = [
@@ -197,8 +198,6 @@ def warn_unbuilt(error: str) -> None:
     seen.append(error)
     if len(seen) > 1:
         return
-    from ._core.registry import PluginWarning  # deferred: the registry is imported later
-
     warnings.warn(
         f"optiplug: the C kernels are unavailable ({error}), so low-precision optimizer "
         f"state and the fused CPU steps run on torch ops instead ({UNBUILT_COST}); install "

@@ -1,8 +1,9 @@
 """Measured implementation choices kept on disk, so that a later process need not measure.
 
 One JSON file per user and machine (:func:`path`): ``$OPTIPLUG_CACHE_DIR``,
-else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``, holding
-``autotune.json``. Each entry is keyed by everything a choice depends on
+else the platform's user cache directory (``$XDG_CACHE_HOME/optiplug`` or
+``~/.cache/optiplug`` on Linux, ``~/Library/Caches/optiplug`` on macOS,
+``%LOCALAPPDATA%\\optiplug\\Cache`` on Windows), holding ``autotune.json``. Each entry is keyed by everything a choice depends on
 (:func:`key_fields`): the algorithm, the candidates, the parameters' sizes,
 dtype and device type, and the machine (torch's version, the device's name,
 torch's thread count), and holds the winner and the timings it won with.
@@ -11,8 +12,10 @@ The file is written atomically (a temporary file, then :func:`os.replace`)
 and read tolerantly: a file that cannot be read or parsed is ignored, with
 one warning per process, and rewritten at the next decision; an entry that
 does not fit the candidates is a miss. ``OPTIPLUG_AUTOTUNE_CACHE=0`` (or
-``false``, ``no``, ``off``) neither reads nor writes it. Two processes that
-write at the same moment may lose one of their entries, never the file.
+``false``, ``no``, ``off``) neither reads nor writes it. A write reads,
+merges and replaces the file under a lock file beside it (``autotune.json.lock``,
+:mod:`filelock`), so processes writing at once keep every entry; a lock not
+had within :data:`LOCK_SECONDS` skips that write, with one warning.
 
 Reading never follows the file into anything but a regular file of at most
 :data:`MAX_BYTES` (a FIFO, a device, a directory or a larger file is ignored
@@ -39,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 
 from .._core.env import CACHE_DIRECTORY_VARIABLE, cache_directory, cpu_model, env_flag
@@ -47,6 +51,7 @@ __all__ = [
     "CACHE_VARIABLE",
     "DIRECTORY_VARIABLE",
     "FILE_NAME",
+    "LOCK_SECONDS",
     "MAX_BYTES",
     "clear",
     "device_name",
@@ -68,6 +73,9 @@ DIRECTORY_VARIABLE = CACHE_DIRECTORY_VARIABLE
 
 FILE_NAME = "autotune.json"
 """The cache file's name inside :func:`directory`."""
+
+LOCK_SECONDS = 10.0
+"""How long a write waits for another process's write to the file to finish."""
 
 MAX_BYTES = 4 * 1024 * 1024
 """The largest cache file read; a larger one is ignored (it holds thousands of entries at most)."""
@@ -214,13 +222,19 @@ def store(
         },
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with _lock:
-        entries = _read(target)
-        entries[entry_key(fields)] = entry
-        try:
+    try:
+        with _lock, _file_lock(target):
+            entries = _read(target)
+            entries[entry_key(fields)] = entry
             _write(target, {"format": _FORMAT, "entries": entries})
-        except OSError as error:
-            _warn_once(f"write:{target}", f"could not write the autotune cache {target}: {error}")
+    except (OSError, filelock.Timeout) as error:
+        _warn_once(f"write:{target}", f"could not write the autotune cache {target}: {error}")
+
+
+def _file_lock(target: Path) -> filelock.BaseFileLock:
+    """The lock every process takes to rewrite ``target`` (its directory is created)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(f"{target}.lock", timeout=LOCK_SECONDS)
 
 
 def clear(file: Path | None = None) -> bool:

@@ -16,6 +16,8 @@ import os
 import platform
 from pathlib import Path
 
+import platformdirs
+
 from ..errors import EnvironmentVariableError
 
 __all__ = [
@@ -65,7 +67,12 @@ def env_flag(name: str, *, default: bool) -> bool:
 
 
 def cache_directory() -> Path:
-    """``$OPTIPLUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug``.
+    """``$OPTIPLUG_CACHE_DIR``, else the platform's user cache directory for optiplug.
+
+    The platform's directory is :mod:`platformdirs`' ``user_cache_dir``:
+    ``$XDG_CACHE_HOME/optiplug``, else ``~/.cache/optiplug`` on Linux,
+    ``~/Library/Caches/optiplug`` on macOS and
+    ``%LOCALAPPDATA%\\optiplug\\Cache`` on Windows.
 
     Returns:
         The directory of optiplug's per-machine files (it may not exist yet).
@@ -76,9 +83,7 @@ def cache_directory() -> Path:
     own = os.environ.get(CACHE_DIRECTORY_VARIABLE, "").strip()
     if own:
         return Path(own).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "optiplug"
+    return Path(platformdirs.user_cache_dir("optiplug", appauthor=False))
 
 
 @functools.lru_cache(maxsize=1)

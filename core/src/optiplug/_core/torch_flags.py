@@ -128,7 +128,7 @@ def _decoupled(
 
 def fixed_decoupling(factory: Any) -> bool | None:
     """The ``decoupled_weight_decay`` a torch Adam class fixes (AdamW: True); None for others."""
-    import torch  # deferred: _core imports torch only where a torch class is asked about
+    import torch  # deferred: imports torch
 
     target = factory.resolve() if isinstance(factory, LazyCallable) else factory
     if isinstance(target, type) and issubclass(target, torch.optim.Adam):
