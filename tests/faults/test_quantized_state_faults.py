@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from state_helpers import forge_tensors, stored_tensors
 
 import optiplug
 from optiplug import checkpoint
@@ -416,3 +417,32 @@ def test_any_crafted_muon_factors_load_exactly_or_are_refused_with_nothing_chang
     if value.factors is not None and value.rank == 4:  # stored as it was
         assert torch.equal(loaded.factors, value.factors)
         assert torch.equal(loaded.codes, value.codes)
+
+
+# ------------------------------------------------------------------ crafted files on disk
+ON_DISK: dict[str, tuple[str, str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    # name: (algorithm, the stored tensor, how it is crafted)
+    "empty-codes": ("adamw", "state.0.exp_avg.codes", lambda t: t[:0]),
+    "truncated-codes": ("adamw", "state.0.exp_avg_sq.codes", lambda t: t[:-5]),
+    "negative-scales": ("adamw", "state.0.exp_avg_sq.scales", lambda t: -t),
+    "codes-as-int64": ("adamw", "state.0.exp_avg.codes", lambda t: t.long()),
+    "muon-factors-1e30": ("muon", "state.0.momentum_buffer.factors", lambda t: t * 1e30),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ON_DISK))
+def test_a_crafted_checkpoint_file_is_refused_by_load_and_check_alike(
+    tmp_path: Path, case: str
+) -> None:
+    name, key, craft = ON_DISK[case]
+    path = tmp_path / "ckpt"
+    checkpoint.save(path, _stepped(name, (256, 64), state_precision="int8", **HPARAMS[name]))
+    tensors = stored_tensors(path)
+    tensors[key] = craft(tensors[key]).contiguous()
+    forge_tensors(path, tensors)
+    optimizer = _stepped(name, (256, 64), state_precision="int8", **HPARAMS[name])
+    before = _state_snapshot(optimizer)
+    with pytest.raises(StateDictError, match="nothing was changed"):
+        checkpoint.load(path, optimizer)
+    assert _same_snapshot(_state_snapshot(optimizer), before)
+    assert checkpoint.verify(path).problems  # optiplug check says INVALID too
