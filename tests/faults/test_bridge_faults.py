@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug.errors import ClosureRequiredError
+from optiplug.errors import ClosureRequiredError, GraphError, PluginConflictError
 
 # ------------------------------------------------------------------ a bridged library missing
 LIBRARIES = {
@@ -89,3 +89,38 @@ def test_a_closure_optimizer_stepped_without_one_raises_typed_with_nothing_chang
     assert torch.equal(param, value) and not optimizer.state
     loss = optiplug.base.training_step(optimizer, lambda: param.square().sum())  # then it steps
     assert math.isfinite(float(loss)) and optimizer.state  # (radam's first step moves nothing)
+
+
+# ------------------------------------------------------------------ clashing names, Graph
+def _clashes(registry: optiplug.Registry, name: str) -> bool:
+    """Whether ``name`` alone is a clash (no native algorithm of that name wins)."""
+    try:
+        registry.spec(name)
+    except PluginConflictError:
+        return True
+    return False
+
+
+def test_a_name_two_bridges_serve_is_a_typed_clash_and_each_qualified_name_builds() -> None:
+    registry = optiplug.default_registry()
+    clashes = {n: q for n, q in registry.clashes().items() if _clashes(registry, n)}
+    assert clashes  # heavyball and pytorch-optimizer both serve adopt, laprop, ademamix...
+    name, qualified = sorted(clashes.items())[0]
+    param = torch.nn.Parameter(torch.ones(4, 4))
+    with pytest.raises(PluginConflictError, match=f"qualified name: {qualified[0]!r}"):
+        optiplug.create(name, [param], lr=1e-3)
+    assert torch.equal(param, torch.ones(4, 4))  # nothing was built, nothing stepped
+    for each in qualified:  # every provider stays reachable, and steps
+        optimizer = optiplug.create(each, [param], lr=1e-3)
+        optiplug.base.training_step(optimizer, lambda: param.square().sum())
+
+
+def test_graph_refuses_a_closure_optimizer_and_keeps_the_one_it_had() -> None:
+    model = torch.nn.Linear(4, 1)
+    graph = optiplug.Graph(model)
+    kept = graph.set_optimizer(optiplug.factory("adamw", lr=1e-3))
+    with pytest.raises(GraphError, match="training_step"):
+        graph.set_optimizer(optiplug.factory("lbfgs"))
+    assert graph.optimizer is kept
+    graph.backward(model(torch.ones(2, 4)).sum())  # and it still trains with it
+    assert graph.step()
