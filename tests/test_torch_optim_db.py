@@ -11,6 +11,10 @@ with a :class:`~optiplug.errors.HyperparameterError` naming the keyword.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +23,38 @@ import torch
 import optiplug
 from optiplug.errors import HyperparameterError
 
-common_optimizers = pytest.importorskip("torch.testing._internal.common_optimizers")
+INPUTS_CHILD = """
+import sys, torch
+from torch.testing._internal.common_optimizers import optim_db
+wanted = ("Adam", "AdamW", "SGD")
+found = {
+    info.optim_cls.__name__: [
+        dict(given.kwargs) for given in info.optim_inputs_func(device="cpu", dtype=torch.float32)
+    ]
+    for info in optim_db
+    if info.optim_cls.__name__ in wanted
+}
+torch.save(found, sys.argv[1])
+"""
+
+
+def _torch_inputs() -> dict[str, list[dict[str, Any]]]:
+    """torch's ``optim_db`` CPU inputs for Adam, AdamW and SGD, read in a fresh interpreter.
+
+    Importing torch's internal test module changes global state (it calls
+    ``torch.backends.disable_global_flags()``, after which Lightning cannot
+    set its cuDNN flags), so it is never imported into the test process.
+    """
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(work) / "inputs.pt"
+        done = subprocess.run(
+            [sys.executable, "-c", INPUTS_CHILD, str(out)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"torch's optimizer test inputs did not load: {done.stderr[-500:]}")
+        inputs: dict[str, list[dict[str, Any]]] = torch.load(out, weights_only=True)
+        return inputs
+
 
 ALGORITHMS = {"Adam": "adam", "AdamW": "adamw", "SGD": "sgd"}
 SPELLINGS: list[dict[str, Any]] = [
@@ -36,16 +71,12 @@ REFUSED = {"differentiable": "optiplug's steps run under torch.no_grad()"}
 
 def _cases() -> list[Any]:
     cases = []
-    for info in common_optimizers.optim_db:
-        name = ALGORITHMS.get(info.optim_cls.__name__)
-        if name is None:
-            continue
-        for index, given in enumerate(info.optim_inputs_func(device="cpu", dtype=torch.float32)):
+    for class_name, inputs in sorted(_torch_inputs().items()):
+        name, torch_class = ALGORITHMS[class_name], getattr(torch.optim, class_name)
+        for index, given in enumerate(inputs):
             for flags in SPELLINGS:
                 label = f"{name}-{index}-{'-'.join(f'{k}={v}' for k, v in flags.items()) or 'none'}"
-                cases.append(
-                    pytest.param(info.optim_cls, name, dict(given.kwargs), flags, id=label)
-                )
+                cases.append(pytest.param(torch_class, name, given, flags, id=label))
     return cases
 
 

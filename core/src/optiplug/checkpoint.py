@@ -402,17 +402,17 @@ def extra_tensors(stored: Stored) -> dict[str, torch.Tensor]:
 
 
 def _algorithm_problems(metadata: Mapping[str, Any], spec: OptimizerSpec) -> list[Problem]:
-    """A problem when the checkpoint's algorithm is not ``spec``'s: another name, or the
-    same name from another plugin (heavyball's ``adamw`` into optiplug's)."""
-    plugin = metadata.get("plugin")
-    saved_plugin = plugin.get("plugin") if isinstance(plugin, Mapping) else None
-    own_plugin = spec.provider.plugin if spec.provider is not None else None
-    saved, name = metadata["algorithm"], spec.name
-    if saved == name and (saved_plugin is None or own_plugin is None or saved_plugin == own_plugin):
+    """A problem when the checkpoint's algorithm has another name than ``spec``'s.
+
+    The same name from another plugin is not one by itself (a copied
+    optimizer is looked up by its class, perhaps in another registry): the
+    state checks then say whether the slots fit (heavyball's ``adamw``
+    state into optiplug's is ``foreign-state``).
+    """
+    saved = metadata["algorithm"]
+    if saved == spec.name:
         return []
-    if saved == name:
-        saved, name = f"{saved_plugin}:{saved}", f"{own_plugin}:{name}"
-    expected, found = f"a checkpoint of {name}", f"a checkpoint of {saved}"
+    expected, found = f"a checkpoint of {spec.name}", f"a checkpoint of {saved}"
     return [Problem(slot="algorithm", kind="algorithm", expected=expected, found=found)]
 
 
