@@ -16,12 +16,25 @@ The Trainer keeps everything else: its lr scheduler, and saving and loading
 the optimizer's ``state_dict`` in checkpoints. Weight decay follows the
 Trainer's rule: biases and normalisation weights get none.
 
+An optimizer that updates inside the backward pass (``lomo``, ``adalomo``:
+it has ``fused_backward(loss, lr)``) is driven as transformers drives its own
+LOMO: for ``TrainingArguments(optim="lomo")`` or ``"adalomo"`` the Trainer
+passes ``learning_rate=`` to accelerate's ``Accelerator.backward``, which
+hands it to ``fused_backward`` for the ``lomo_optim`` package's classes only,
+and gives any other optimizer ``loss.backward(learning_rate=...)``, a
+``TypeError``. Building such an optimizer here therefore wraps
+``Accelerator.backward`` (once per process) so that it calls the
+``fused_backward`` of the optiplug optimizers it prepared; every other call
+goes to accelerate's own method unchanged. With any other ``optim`` the
+Trainer calls a plain backward, and these optimizers update in ``step()``.
+
 Importing this module imports torch and transformers; ``import optiplug``
 never imports it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,7 +46,7 @@ from torch import nn
 from transformers import TrainingArguments
 
 from .. import _api
-from .._core.create import OptimizerFactory
+from .._core.create import SPEC_ATTRIBUTE, OptimizerFactory
 from .._core.registry import Registry
 from ..errors import HyperparameterError, UnknownOptimizerError
 
@@ -44,6 +57,7 @@ __all__ = [
     "HFRoute",
     "TrainerOptimizer",
     "decay_parameter_names",
+    "drive_fused_backward",
     "from_training_args",
     "optimizer_cls_and_kwargs",
 ]
@@ -301,9 +315,78 @@ class TrainerOptimizer:
                 {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
             ]
             params = [group for group in params if group["params"]]
-        return registry.create(
+        optimizer = registry.create(
             recipe.name, params, impl=recipe.impl, provider=recipe.provider, **merged
         )
+        if callable(getattr(optimizer, "fused_backward", None)):
+            drive_fused_backward()
+        return optimizer
+
+
+_DRIVES_FUSED = "_optiplug_drives_fused_backward"
+"""Marks accelerate's ``Accelerator.backward`` once :func:`drive_fused_backward` has wrapped it."""
+
+
+def drive_fused_backward() -> None:
+    """Make accelerate's ``Accelerator.backward`` drive optiplug's fused-backward optimizers.
+
+    Given ``learning_rate=`` (the Trainer's ``optim="lomo"`` and
+    ``"adalomo"``), and with neither a gradient scaler, DeepSpeed, Megatron-LM
+    nor a ``lomo_optim`` optimizer in play, the wrapped method divides the loss
+    by the gradient accumulation steps, as accelerate does, and calls
+    ``fused_backward(loss, learning_rate)`` of each optimizer optiplug built
+    that the accelerator prepared; every other call is accelerate's own.
+    Wrapping twice is a no-op; without accelerate, nothing happens.
+    :meth:`TrainerOptimizer.build` calls it for such an optimizer.
+    """
+    try:
+        from accelerate import Accelerator  # type: ignore[import-untyped]  # deferred: optional dependency
+    except ImportError:  # no accelerate, no Trainer to drive
+        return
+    if not getattr(Accelerator.backward, _DRIVES_FUSED, False):
+        Accelerator.backward = _fused_aware(Accelerator.backward)
+
+
+def _fused_aware(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (``Accelerator.backward``), calling optiplug's ``fused_backward`` where due."""
+
+    @functools.wraps(original)
+    def backward(self: Any, loss: torch.Tensor, **kwargs: Any) -> Any:
+        rate = kwargs.get("learning_rate")
+        fused = _fused_optimizers(self) if rate is not None and _plain(self) else []
+        if not fused:
+            return original(self, loss, **kwargs)
+        loss = loss / self.gradient_accumulation_steps
+        for optimizer in fused:
+            optimizer.fused_backward(loss, rate)
+        return None
+
+    setattr(backward, _DRIVES_FUSED, True)
+    return backward
+
+
+def _plain(accelerator: Any) -> bool:
+    """Whether accelerate would call a bare ``loss.backward`` here (no scaler, DeepSpeed, LOMO)."""
+    from accelerate.utils import DistributedType  # type: ignore[import-untyped]  # deferred: optional dependency
+
+    special = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+    return (
+        getattr(accelerator, "scaler", None) is None
+        and not getattr(accelerator, "has_lomo_optimizer", False)
+        and accelerator.distributed_type not in special
+    )
+
+
+def _fused_optimizers(accelerator: Any) -> list[Any]:
+    """The optimizers optiplug built with a ``fused_backward`` that ``accelerator`` prepared."""
+    found = []
+    for prepared in getattr(accelerator, "_optimizers", ()):
+        inner = getattr(prepared, "optimizer", prepared)
+        if getattr(inner, SPEC_ATTRIBUTE, None) is not None and callable(
+            getattr(inner, "fused_backward", None)
+        ):
+            found.append(inner)
+    return found
 
 
 def optimizer_cls_and_kwargs(

@@ -304,7 +304,6 @@ ENTRIES: tuple[Entry, ...] = (
         name="adalomo",
         target="pytorch_optimizer.optimizer.lomo:AdaLOMO",
         params=(
-            Param("model", REQUIRED, "required", ()),
             Param("lr", 0.001, "float", ("lr",)),
             Param("weight_decay", 0.0, "float", ("non_negative",)),
             Param("loss_scale", 1024.0, "float", ("non_negative",)),
@@ -316,9 +315,25 @@ ENTRIES: tuple[Entry, ...] = (
             Param("eps2", 0.001, "float", ("non_negative",)),
         ),
         paper="https://arxiv.org/abs/2310.10195",
-        summary="Factored adaptive updates fused into backward.",
-        slots=None,
-        limitation="takes the model, not parameters, and updates inside its own fused backward",
+        summary="Factored adaptive updates fused into backward; driven by "
+        "fused_backward(loss, lr), or by backward() then step(), which keeps the gradients",
+        slots=(
+            Slot("exp_avg_sq", "tensor", "param", "float32", True, None, True),
+            Slot("exp_avg_sq_row", "tensor", "any", "float32", True, None, True),
+            Slot("exp_avg_sq_col", "tensor", "any", "float32", True, None, True),
+        ),
+        group_state=("attr:num_steps",),
+        attributes=(("num_steps", "value"),),
+        named_state=("exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"),
+        takes_model=True,
+        fused_backward=True,
+        deviations=(
+            (
+                "check_no_grad_step_is_noop",
+                "AdaLOMO creates its second-moment factors when it is constructed, "
+                "before any gradient",
+            ),
+        ),
     ),
     Entry(
         name="adam",
@@ -1841,16 +1856,17 @@ ENTRIES: tuple[Entry, ...] = (
         name="lomo",
         target="pytorch_optimizer.optimizer.lomo:LOMO",
         params=(
-            Param("model", REQUIRED, "required", ()),
             Param("lr", 0.001, "float", ("lr",)),
             Param("clip_grad_norm", None, "float?", ("non_negative",)),
             Param("clip_grad_value", None, "float?", ("non_negative",)),
             Param("maximize", False, "bool", ()),
         ),
         paper="https://arxiv.org/abs/2306.09782",
-        summary="SGD updates fused into backward to reduce optimizer memory.",
-        slots=None,
-        limitation="takes the model, not parameters, and updates inside its own fused backward",
+        summary="SGD updates fused into backward to reduce optimizer memory; driven by "
+        "fused_backward(loss, lr), or by backward() then step(), which keeps the gradients",
+        slots=(),
+        takes_model=True,
+        fused_backward=True,
     ),
     Entry(
         name="lorarite",

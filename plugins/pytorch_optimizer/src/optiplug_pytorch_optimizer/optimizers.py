@@ -53,8 +53,18 @@ The adaptations, each for a way the library departs from
 * a closure runs with gradients enabled, as torch's L-BFGS runs it (AliG
   calls it inside its own ``no_grad`` step);
 * a class that takes a model (AdamMini, which partitions by parameter
-  name) is given a :class:`ParameterModule` holding exactly the given
-  parameters under their names;
+  name; LOMO and AdaLOMO, which hook the model's parameters) is given a
+  :class:`ParameterModule` holding exactly the given parameters under their
+  names;
+* per-parameter state a class keeps in dicts keyed by parameter name
+  (AdaLOMO's ``exp_avg_sq``, ``exp_avg_sq_row`` and ``exp_avg_sq_col``) is
+  kept in ``optimizer.state[param]`` under the dict's name too (the same
+  tensors, so checkpoints store it and the memory report counts it); the
+  class's own top-level copies of the dicts are left out of the state dict,
+  and loading points the dicts at the loaded tensors;
+* a class that updates inside the backward pass (LOMO, AdaLOMO) is driven by
+  its ``fused_backward(loss, lr)`` as upstream, and also by a plain
+  ``loss.backward()`` then ``step()`` (see :class:`FusedBackwardOptimizer`);
 * the Muon family requires a ``use_muon`` key in every group: groups
   without one are split, matrices (2-D and up) on Muon and the rest on the
   class's AdamW, the rule the library's ``prepare_muon_parameters`` applies;
@@ -78,6 +88,7 @@ from typing import Any, ClassVar, NamedTuple
 import attrs
 import numpy
 import torch
+from pytorch_optimizer.optimizer import lomo
 from pytorch_optimizer.optimizer.utils import galore, graft, partition, preconditioner
 
 from optiplug.base import ExternalOptimizer, Prepared, external_optimizer
@@ -90,6 +101,7 @@ from .table import REQUIRED, Entry, LibraryDefault
 
 __all__ = [
     "BridgedOptimizer",
+    "FusedBackwardOptimizer",
     "ParameterModule",
     "module_of",
     "pack_value",
@@ -115,6 +127,7 @@ class BridgedOptimizer(ExternalOptimizer):
         if self.catalog_entry.muon_groups:
             params = _with_use_muon(params)
         super().__init__(params, *args, **kwargs)
+        self._expose_named_state()
         if self.catalog_entry.own_rng:
             self.bridge_rng_seed = int(torch.randint(0, _SEEDS, ()).item())
             self.bridge_rng_step = 0
@@ -145,6 +158,8 @@ class BridgedOptimizer(ExternalOptimizer):
         for key, kind, _ in self.catalog_entry.global_state:
             if key in state["state"] and groups:
                 groups[0][f"global:{key}"] = _stored(kind, state["state"].pop(key))
+        for name in self.catalog_entry.named_state:
+            state.pop(name, None)  # the class's own top-level copy: in the per-parameter state
         for name, kind in self.catalog_entry.attributes:
             state.pop(name, None)  # the class's own top-level copy: carried in the group instead
             if groups:
@@ -234,6 +249,32 @@ class BridgedOptimizer(ExternalOptimizer):
         for name, kind in self.catalog_entry.attributes:
             if f"attr:{name}" in first:
                 self._set_attribute(name, kind, first.pop(f"attr:{name}"))
+        self._adopt_named_state()
+
+    def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """The named parameters of the model a class that takes one holds (none otherwise)."""
+        model = self.__dict__.get("model")
+        return list(model.named_parameters()) if isinstance(model, torch.nn.Module) else []
+
+    def _expose_named_state(self) -> None:
+        """Put the state the class keys by parameter name in ``optimizer.state`` (same tensors)."""
+        if not self.catalog_entry.named_state:
+            return
+        for name, param in self._named_parameters():
+            for attribute in self.catalog_entry.named_state:
+                tensor = getattr(self, attribute).get(name)
+                if tensor is not None:
+                    self.state[param][attribute] = tensor
+
+    def _adopt_named_state(self) -> None:
+        """Point the class's name-keyed dicts at the tensors ``optimizer.state`` holds (loaded)."""
+        if not self.catalog_entry.named_state:
+            return
+        for name, param in self._named_parameters():
+            slots = self.state.get(param, {})
+            for attribute in self.catalog_entry.named_state:
+                if attribute in slots:
+                    getattr(self, attribute)[name] = slots[attribute]
 
     def _set_attribute(self, name: str, kind: str, stored: Any) -> None:
         """Put back attribute ``name`` from its saved form."""
@@ -264,6 +305,192 @@ class BridgedOptimizer(ExternalOptimizer):
                 slots = self.state.get(param)
                 if slots:
                     yield slots
+
+
+class FusedBackwardOptimizer(BridgedOptimizer):
+    """LOMO or AdaLOMO: updates inside the backward pass, or by ``backward()`` then ``step()``.
+
+    The library's class hooks the model's parameters so that each is updated
+    as its gradient arrives, freeing the gradient at once, while its
+    ``fused_backward(loss, lr)`` runs the backward (the usage it documents,
+    and what the Hugging Face ``Trainer`` calls for ``optim="lomo"`` and
+    ``"adalomo"``). The wrapper keeps that, and:
+
+    * keeps the learning rate in the param groups (the class's ``lr``
+      attribute reads and writes them): ``fused_backward(loss, lr)`` writes
+      ``lr`` there, ``fused_backward(loss)`` uses theirs (a scheduler's), and
+      checkpoints hold it;
+    * runs the hooks only inside ``fused_backward`` and ``grad_norm``: a
+      plain ``loss.backward()`` leaves the gradients in ``.grad`` (upstream,
+      it ran AdaLOMO's update before its first step was counted, which
+      divides by a zero second moment), and ``step()`` then applies the
+      class's update to them, as in ``fused_backward`` but on unscaled
+      gradients, clipped by ``clip_grad_norm`` from their norm; the update
+      consumes them (sets ``.grad`` to None), as the class's does;
+    * gives a copy (``copy.deepcopy``, ``pickle``) its own hooks on its own
+      parameters (the class's update function, a closure over the original,
+      is rebuilt on the copy).
+    """
+
+    model: torch.nn.Module
+    grad_func: Callable[..., Any]
+
+    def __init__(self, params: Iterable[Any] | Prepared, *args: Any, **kwargs: Any) -> None:
+        if issubclass(self.external_class, lomo.AdaLOMO):
+            params = _factorable(params, self.algorithm)
+        super().__init__(params, *args, **kwargs)
+
+    @property
+    def lr(self) -> Any:
+        """The learning rate (the first param group's; the class's update reads it)."""
+        groups = self.__dict__.get("param_groups")
+        return groups[0]["lr"] if groups else self.__dict__.get("_optiplug_lr")
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        groups = self.__dict__.get("param_groups")
+        if not groups:  # the class's constructor sets it before making its group
+            self.__dict__["_optiplug_lr"] = value
+        for group in groups or ():
+            group["lr"] = value
+
+    def fuse_update(self) -> Callable[..., Any]:
+        """The class's update function, made to run only inside the calls that update."""
+        update: Callable[..., Any] = super().fuse_update()  # type: ignore[misc]
+
+        def gated(gradient: Any, *args: Any) -> Any:
+            return update(gradient, *args) if self.__dict__.get("_optiplug_fusing") else gradient
+
+        return gated
+
+    @contextlib.contextmanager
+    def _fusing(self) -> Iterator[None]:
+        """Let the hooks and the update function run for the duration of the block."""
+        self.__dict__["_optiplug_fusing"] = True
+        try:
+            yield
+        finally:
+            self.__dict__.pop("_optiplug_fusing", None)
+
+    def fused_backward(self, loss: torch.Tensor, lr: Any = None) -> None:
+        """Backward through ``loss``, updating each parameter as its gradient arrives.
+
+        Args:
+            loss: the loss to differentiate.
+            lr: the learning rate of this update, written to the param
+                groups; None uses theirs.
+        """
+        with self._fusing():
+            super().fused_backward(loss, self.lr if lr is None else lr)  # type: ignore[misc]
+
+    def grad_norm(self, loss: torch.Tensor) -> None:
+        """The class's gradient-norm pass for ``clip_grad_norm``, before ``fused_backward``.
+
+        Args:
+            loss: the loss (its graph is kept for ``fused_backward``).
+        """
+        with self._fusing():
+            super().grad_norm(loss)  # type: ignore[misc]
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Apply the class's update to the gradients a plain backward left; none: nothing.
+
+        Args:
+            closure: re-evaluates the model, calls ``backward`` and returns
+                the loss (run with gradients enabled); optional.
+
+        Returns:
+            The closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        graded = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if not graded:
+            return loss
+        with self._fusing(), self._unscaled():
+            if "num_steps" in self.__dict__:  # AdaLOMO's count, which fused_backward advances
+                self.__dict__["num_steps"] += 1
+            self._clip_coefficient(graded)
+            self.grad_func(0)
+        return loss
+
+    @contextlib.contextmanager
+    def _unscaled(self) -> Iterator[None]:
+        """No loss scaling (LOMO's ``loss_scaler``, AdaLOMO's ``loss_scale``) in the block."""
+        saved = {key: self.__dict__[key] for key in _LOSS_SCALING if key in self.__dict__}
+        self.__dict__.update(dict.fromkeys(saved))
+        try:
+            yield
+        finally:
+            self.__dict__.update(saved)
+
+    def _clip_coefficient(self, graded: list[torch.Tensor]) -> None:
+        """Set ``clip_coef`` from the gradients' norm, as the class's ``grad_norm`` does."""
+        limit = self.__dict__.get("clip_grad_norm")
+        if limit is None or limit <= 0:
+            return
+        grads = [p.grad.to(torch.float32) for p in graded if p.grad is not None]
+        norms = torch.stack([torch.norm(grad, 2.0) for grad in grads])
+        total = torch.norm(norms, 2.0)
+        self.clip_coef = torch.clamp(float(limit) / (total + 1e-6), max=1.0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """As :class:`BridgedOptimizer`'s, without the update function (a copy builds its own)."""
+        state = super().__getstate__()
+        state.pop("grad_func", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """As :class:`BridgedOptimizer`'s; a copy gets its update function and its hooks."""
+        super().__setstate__(state)
+        if "grad_func" not in self.__dict__ and "model" in self.__dict__:
+            self.grad_func = self.fuse_update()
+            self._hook_parameters()
+
+    def _hook_parameters(self) -> None:
+        """Hook the model's trainable parameters as the class's constructor does."""
+        for _, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if isinstance(self, lomo.AdaLOMO):
+                param.register_hook(self.grad_func)
+                continue
+            hook = param.register_post_accumulate_grad_hook
+            hook(self._update_parameter)  # type: ignore[no-untyped-call]
+
+    def _update_parameter(self, param: torch.Tensor) -> None:
+        """LOMO's hook: update ``param`` now that its gradient has accumulated."""
+        self.grad_func(0, [param])
+
+
+_LOSS_SCALING = ("loss_scaler", "loss_scale")
+"""The attributes holding LOMO's and AdaLOMO's loss scaling (off when None)."""
+
+
+def _factorable(params: Iterable[Any] | Prepared, algorithm: str) -> Any:
+    """``params`` (a list if it was an iterable), refused unless every one is 1-D or 2-D.
+
+    AdaLOMO keeps a second moment per vector and a row and a column factor per
+    matrix; a 0-d parameter fails in its constructor upstream, a conv kernel
+    at its first update.
+
+    Raises:
+        HyperparameterError: naming the parameter and its shape.
+    """
+    items = list(params.params if isinstance(params, Prepared) else params)
+    for index, item in enumerate(items):
+        name, tensor = item if isinstance(item, tuple) else (str(index), item)
+        if isinstance(tensor, torch.Tensor) and tensor.ndim not in (1, 2):
+            raise HyperparameterError(
+                "params",
+                f"{name} of shape {tuple(tensor.shape)}",
+                "must be vectors or matrices (AdaLOMO factors the second moment of "
+                "a matrix into a row and a column)",
+                algorithm=algorithm,
+            )
+    return params if isinstance(params, Prepared) else items
 
 
 _SEEDS = 1 << 62
@@ -551,8 +778,9 @@ def module_of(params: Iterable[Any]) -> torch.nn.Module:
     for index, item in enumerate(params):
         if isinstance(item, dict):
             raise TypeError(
-                "this optimizer makes its own param groups (one per parameter, by name): "
-                "give parameters or (name, parameter) pairs"
+                "this optimizer makes its own param groups from a model (AdamMini one per "
+                "parameter, by name; LOMO and AdaLOMO one, with one setting for every "
+                "parameter): give parameters or (name, parameter) pairs"
             )
         name, param = item if isinstance(item, tuple) else (str(index), item)
         *path, leaf = name.split(".")
@@ -614,7 +842,8 @@ def wrapper(entry: Entry) -> type[ExternalOptimizer]:
             "__signature__": base.__dict__["__signature__"],
             "catalog_entry": entry,
         }
-        _BUILT[name] = type(name, (BridgedOptimizer, base), namespace)
+        bridged = FusedBackwardOptimizer if entry.fused_backward else BridgedOptimizer
+        _BUILT[name] = type(name, (bridged, base), namespace)
     return _BUILT[name]
 
 

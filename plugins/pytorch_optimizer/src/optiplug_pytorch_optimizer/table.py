@@ -90,21 +90,28 @@ class Entry(NamedTuple):
     keeps as attributes of the optimizer (``(name, "value" or
     "state_dict")``: a plain value, or an object with
     ``state_dict``/``load_state_dict``; saved in the first param group as
-    ``attr:<name>``); ``packed`` names the per-parameter slots holding
-    nested containers (a dict, a deque, a list of dicts), kept between steps
-    as a list of their tensors and a ``<slot>:layout`` tuple;
-    ``muon_groups`` marks the Muon family, whose groups need ``use_muon``;
-    ``closure`` marks a class whose ``step`` needs a closure and
-    ``create_graph`` one whose gradients must keep their graph;
-    ``takes_model`` one whose first argument is a model, not parameters
-    (the wrapper builds a module holding the given parameters under their
-    names); ``own_rng`` one whose step draws random numbers, which the wrapper
-    draws from a stream of its own (seed and step count saved as
-    ``attr:bridge_rng_seed``/``attr:bridge_rng_step``);
-    ``unavailable`` names implementations its signature offers that never
-    run, with why (``(impl, reason)``);
-    ``limitation`` says why it cannot pass optiplug's checks; ``deviations``
-    names single conformance checks it cannot meet, with why.
+    ``attr:<name>``); ``named_state`` names the attributes holding
+    per-parameter state in dicts keyed by parameter name (AdaLOMO's
+    ``exp_avg_sq``), kept in ``optimizer.state[param]`` under the
+    attribute's name too (the same tensors); ``packed`` names the
+    per-parameter slots holding nested containers (a dict, a deque, a list
+    of dicts), kept between steps as a list of their tensors and a
+    ``<slot>:layout`` tuple; ``muon_groups`` marks the Muon family, whose
+    groups need ``use_muon``; ``closure`` marks a class whose ``step`` needs
+    a closure and ``create_graph`` one whose gradients must keep their
+    graph; ``takes_model`` one whose first argument is a model, not
+    parameters (the wrapper builds a module holding the given parameters
+    under their names); ``fused_backward`` one that updates the parameters
+    inside the backward pass, from hooks on them, when driven by its own
+    ``fused_backward(loss, lr)`` (LOMO, AdaLOMO; the wrapper makes
+    ``backward()`` then ``step()`` work too); ``own_rng`` one whose step
+    draws random numbers, which the wrapper draws from a stream of its own
+    (seed and step count saved as
+    ``attr:bridge_rng_seed``/``attr:bridge_rng_step``); ``unavailable``
+    names implementations its signature offers that never run, with why
+    (``(impl, reason)``); ``limitation`` says why it cannot pass optiplug's
+    checks; ``deviations`` names single conformance checks it cannot meet,
+    with why.
     """
 
     name: str
@@ -125,6 +132,8 @@ class Entry(NamedTuple):
     create_graph: bool = False
     own_rng: bool = False
     takes_model: bool = False
+    fused_backward: bool = False
+    named_state: tuple[str, ...] = ()
     unavailable: tuple[tuple[str, str], ...] = ()
     limitation: str = ""
     deviations: tuple[tuple[str, str], ...] = ()
