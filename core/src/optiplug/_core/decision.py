@@ -55,6 +55,10 @@ class Prepared:
         config: the validated config instance, or None (no config class).
         implementation: the chosen (or forced) implementation, or None when
             none was chosen (the algorithm's own factory is built).
+        chooser: the creating registry's implementation chooser, for a class
+            that still has to choose (None: the default registry's).
+        tuning: the background measurement the optimizer follows, switching
+            to its winner between steps once it is done, or None.
     """
 
     algorithm: str
@@ -62,6 +66,8 @@ class Prepared:
     hparams: dict[str, Any]
     config: Any = None
     implementation: ImplementationSpec | None = None
+    chooser: Any = attrs.field(default=None, eq=False, repr=False)
+    tuning: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def impl(self) -> str | None:

@@ -82,7 +82,9 @@ __all__ = [
     "in_precision",
     "linear_table",
     "group_precision",
+    "run_in_state_precision",
     "step_in_state_precision",
+    "stepping_view",
 ]
 
 CHUNK = 1 << 18
@@ -954,55 +956,108 @@ def _slot_in_precision(
     return in_precision(value, precision, signed=signed, linear=linear, rank=rank)
 
 
+StepRun = Callable[[Any], None]
+"""A step's update over the param groups of the optimizer (or view of it) it is given."""
+
+StoredStateStep = Callable[[Any, dict[str, Any], torch.Tensor], bool]
+"""``(optimizer, group, param) -> bool``: step ``param`` on its stored codes (True) or decline."""
+
+SlotTables = tuple[frozenset[str], frozenset[str], frozenset[str]]
+"""The second moments', the linear slots' and the low-rank slots' names."""
+
+
+def stepping_view(optimizer: Any, param_groups: list[dict[str, Any]]) -> Any:
+    """A shallow twin of ``optimizer`` whose ``param_groups`` are ``param_groups``.
+
+    It shares everything else (state, defaults, hooks, flags), so a step run
+    on it updates the optimizer's parameters and state while the
+    optimizer's own ``param_groups`` stay as they are.
+    """
+    view = object.__new__(type(optimizer))
+    vars(view).update(vars(optimizer))
+    view.param_groups = param_groups
+    vars(view)[_VIEW_OF] = origin_of(optimizer)
+    return view
+
+
+_VIEW_OF = "_optiplug_view_of"
+
+
+def origin_of(optimizer: Any) -> Any:
+    """The optimizer a :func:`stepping_view` was made of (an optimizer is its own origin)."""
+    return vars(optimizer).get(_VIEW_OF, optimizer)
+
+
+def run_in_state_precision(
+    optimizer: Any,
+    run: StepRun,
+    tables: SlotTables = (SECOND_MOMENTS, NO_SLOTS, NO_SLOTS),
+    stored_step: StoredStateStep | None = None,
+) -> None:
+    """Run ``run`` (a step's update) in each param group's ``state_precision``.
+
+    Full-precision groups step together, as they always do. A low-precision
+    group steps one parameter at a time: its slots are decoded to plain
+    tensors, ``run`` gets a view of the optimizer (:func:`stepping_view`)
+    whose only group is that parameter's, and the slots are encoded back,
+    so at most one parameter's state is full precision at any moment and
+    the optimizer's ``param_groups`` are never changed. A sharded
+    (``DTensor``) parameter's slots are ``DTensor``s whose shards are
+    quantized (blocks within the shard): the shard is decoded into a
+    ``DTensor`` of the same placements, then encoded back.
+
+    Args:
+        optimizer: the optimizer, or a view of it.
+        run: the update over the groups of the optimizer it is given.
+        tables: the names of the slots taking the unsigned table without
+            zero, the linear table, and low-rank factors.
+        stored_step: tried first for each parameter of a low-precision group
+            (with its group); when it returns True it has stepped that
+            parameter on its stored state, which is then not decoded.
+    """
+    groups = optimizer.param_groups
+    _decode_switched(optimizer, _checked_precisions(optimizer, groups), tables)
+    low = [group for group in groups if group_precision(group) != "fp32"]
+    if not low:
+        run(optimizer)
+        return
+    full = [group for group in groups if group_precision(group) == "fp32"]
+    if full:
+        run(stepping_view(optimizer, full))
+    for group in low:
+        for index, param in enumerate(group["params"]):
+            if param.grad is not None:
+                view = stepping_view(optimizer, [_narrowed(group, index)])
+                _step_one(view, param, run, tables, stored_step)
+
+
 def step_in_state_precision(
     optimizer: torch.optim.Optimizer,
     step: Callable[[], Any],
     second_moments: frozenset[str] = SECOND_MOMENTS,
-    fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
+    fused_step: StoredStateStep | None = None,
     linear_slots: frozenset[str] = NO_SLOTS,
     low_rank_slots: frozenset[str] = NO_SLOTS,
 ) -> None:
-    """Run ``step`` (a closure-free step over ``optimizer.param_groups``) in each group's precision.
+    """Deprecated: :func:`run_in_state_precision` with a closure over ``optimizer.param_groups``.
 
-    Full-precision groups step together, as they always do. A low-precision
-    group steps one parameter at a time: its slots are decoded to plain
-    tensors, ``step`` runs with ``param_groups`` narrowed to that parameter
-    (a shallow copy of its group), and the slots are encoded back, so at
-    most one parameter's state is full precision at any moment. A sharded
-    (``DTensor``) parameter's slots are ``DTensor``s whose shards are
-    quantized (blocks within the shard): the shard is decoded into a
-    ``DTensor`` of the same placements for ``step``, then encoded back.
-
-    Args:
-        optimizer: the optimizer.
-        step: its own step over ``optimizer.param_groups``, without a closure.
-        second_moments: slot names that take the unsigned table without zero.
-        fused_step: tried first for each parameter of a low-precision group
-            (with its group); when it returns True it has stepped that
-            parameter on its stored state, which is then not decoded.
-        linear_slots: slot names that take the linear signed table.
-        low_rank_slots: slot names that keep :data:`LOW_RANK` factors beside
-            int8/int4 codes, where they are matrices.
+    Kept for plugins written against it: ``step`` reads the optimizer's own
+    ``param_groups``, so they are narrowed for each call and restored after.
+    New code declares the state codec in its step pipeline
+    (:data:`optiplug.base.state_codec`), which never changes them.
     """
     groups = optimizer.param_groups
-    tables = (second_moments, linear_slots, low_rank_slots)
-    _decode_switched(optimizer, _checked_precisions(optimizer, groups), tables)
-    low = [group for group in groups if group_precision(group) != "fp32"]
-    if not low:
-        step()
-        return
-    try:
-        full = [group for group in groups if group_precision(group) == "fp32"]
-        if full:
-            optimizer.param_groups = full
+
+    def run(view: Any) -> None:
+        optimizer.param_groups = view.param_groups
+        try:
             step()
-        for group in low:
-            for index, param in enumerate(group["params"]):
-                if param.grad is not None:
-                    optimizer.param_groups = [_narrowed(group, index)]
-                    _step_one(optimizer, param, step, tables, fused_step)
-    finally:
-        optimizer.param_groups = groups
+        finally:
+            optimizer.param_groups = groups
+
+    run_in_state_precision(
+        optimizer, run, (second_moments, linear_slots, low_rank_slots), fused_step
+    )
 
 
 STEPPED_PRECISIONS = "_optiplug_state_precisions"
@@ -1042,7 +1097,8 @@ def _decode_switched(
     a step never half-applies. While the precisions stay as they were at the
     last step, nothing is scanned.
     """
-    if getattr(optimizer, STEPPED_PRECISIONS, None) == precisions:
+    origin = origin_of(optimizer)
+    if getattr(origin, STEPPED_PRECISIONS, None) == precisions:
         return
     groups = optimizer.param_groups
     full = [
@@ -1050,7 +1106,7 @@ def _decode_switched(
     ]
     if full:
         convert_state(optimizer, full, *tables)
-    setattr(optimizer, STEPPED_PRECISIONS, precisions)
+    setattr(origin, STEPPED_PRECISIONS, precisions)
 
 
 def forget_precisions(optimizer: Any) -> None:
@@ -1068,22 +1124,21 @@ def _narrowed(group: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 def _step_one(
-    optimizer: torch.optim.Optimizer,
+    view: Any,
     param: torch.Tensor,
-    step: Callable[[], Any],
-    tables: tuple[frozenset[str], frozenset[str], frozenset[str]],
-    fused_step: Callable[[torch.optim.Optimizer, dict[str, Any], torch.Tensor], bool] | None = None,
+    run: StepRun,
+    tables: SlotTables,
+    stored_step: StoredStateStep | None = None,
 ) -> None:
-    """Step ``param`` alone on its decoded slots; store them back (``tables``: the second
-    moments', the linear slots' and the low-rank slots' names)."""
-    if fused_step is not None and fused_step(optimizer, optimizer.param_groups[0], param):
+    """Step ``param`` alone (``view``'s only group) on its decoded slots; store them back."""
+    if stored_step is not None and stored_step(view, view.param_groups[0], param):
         return
-    state = optimizer.state[param]
+    state = view.state[param]
     stored = {k: v for k, v in state.items() if isinstance(local_of(v), QuantizedState)}
     for key, value in stored.items():
         state[key] = decoded(value)
-    step()
-    precision = group_precision(optimizer.param_groups[0])
+    run(view)
+    precision = group_precision(view.param_groups[0])
     for key, value in list(state.items()):
         if not _is_state_tensor(key, value, param):
             continue

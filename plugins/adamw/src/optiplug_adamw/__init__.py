@@ -34,9 +34,14 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import torch  # deferred: imports torch
 
-    from optiplug.base import torch_backed_optimizer  # deferred: imports torch
+    from optiplug.base import fused_adam_step, torch_backed_optimizer  # deferred: imports torch
 
     built = torch_backed_optimizer(
-        "adamw", torch.optim.AdamW, AdamWConfig, module=__name__, doc=_DOC
+        "adamw",
+        torch.optim.AdamW,
+        AdamWConfig,
+        module=__name__,
+        doc=_DOC,
+        state_step=fused_adam_step,
     )
     return globals().setdefault(name, built)  # one class object, so instances pickle

@@ -32,7 +32,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import torch  # deferred: imports torch
 
-    from optiplug.base import torch_backed_optimizer  # deferred: imports torch
+    from optiplug.base import fused_sgd_step, torch_backed_optimizer  # deferred: imports torch
 
-    built = torch_backed_optimizer("sgd", torch.optim.SGD, SGDConfig, module=__name__, doc=_DOC)
+    built = torch_backed_optimizer(
+        "sgd", torch.optim.SGD, SGDConfig, module=__name__, doc=_DOC, state_step=fused_sgd_step
+    )
     return globals().setdefault(name, built)  # one class object, so instances pickle
