@@ -37,6 +37,7 @@ from ._core.builtin import version as _version
 from ._core.create import OptimizerFactory
 from ._core.hooks import PLUGIN_API_VERSION, hookimpl, hookspec
 from ._core.implementations import torch_implementations
+from ._core.record import OptimizerRecord, record_of
 from ._core.registry import ENTRY_POINT_GROUP, PluginWarning, Registry
 from ._core.routing import ParameterRoute, Routing
 from ._core.selection import (
@@ -86,6 +87,7 @@ __all__ = [
     "MemoryEstimate",
     "MemoryReport",
     "OptimizerFactory",
+    "OptimizerRecord",
     "OptimizerSpec",
     "Origin",
     "ParameterRoute",
@@ -116,6 +118,7 @@ __all__ = [
     "memory",
     "optimizers",
     "plugins",
+    "record_of",
     "reset_default_registry",
     "schedule",
     "schedules",

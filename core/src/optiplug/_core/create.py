@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +13,6 @@ from . import decision as _decision
 from .binding import provided_default
 from .decision import Prepared
 from .groups import (
-    GROUPING_ATTRIBUTE,
     GROUPING_KEYWORDS,
     build_groups,
     check_grouping,
@@ -23,6 +21,7 @@ from .groups import (
 )
 from .params import parameter_tensors
 from .protocols import ImplementationSelector, OptimizerCreator
+from .record import OptimizerRecord, attach_record
 from .specs import ImplementationSpec, OptimizerSpec
 from .torch_flags import (
     KERNEL_FLAGS,
@@ -37,22 +36,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OWN_PARAM_GROUPS",
-    "REGISTRY_ATTRIBUTE",
-    "SPEC_ATTRIBUTE",
     "USES_MODEL",
     "USES_REGISTRY",
     "OptimizerFactory",
     "create_optimizer",
     "validated_hparams",
 ]
-
-SPEC_ATTRIBUTE = "_optiplug_spec"
-"""Attribute naming the :class:`OptimizerSpec` an optimizer was created from.
-
-Set by :func:`create_optimizer` on every optimizer it builds, whatever its
-factory, so state validation knows the algorithm (and its state slots) even
-for a plain torch class registered by a third party.
-"""
 
 USES_REGISTRY = "uses-registry"
 """Capability tag: the algorithm's factory takes ``registry=`` (the creating registry).
@@ -76,9 +65,6 @@ Declared by algorithms that build their own parameter sets (``multi``, per
 route) and apply :func:`optiplug.base.param_groups` to each; the others get
 their ``params`` already split by :func:`create_optimizer`.
 """
-
-REGISTRY_ATTRIBUTE = "_optiplug_registry"
-"""Attribute naming the :class:`Registry` that created an optimizer (for validation hooks)."""
 
 
 def validated_hparams(
@@ -139,12 +125,9 @@ def _build(
             spec.name, candidates, impl, tensors, made.hparams, config=made.config
         )
         return _build_forced(forced, made)
-    follow: list[Any] = []
-    optimizer, failed = _first_that_builds(spec, candidates, tensors, made, chooser, follow)
+    optimizer, failed = _first_that_builds(spec, candidates, tensors, made, chooser)
     for implementation, failure in failed:
         chooser.report_failure(implementation, failure)
-    if follow:  # measuring in the background: the optimizer switches when it is done
-        _set(optimizer, _decision.TUNING_ATTRIBUTE, follow[-1])
     return optimizer
 
 
@@ -154,12 +137,14 @@ def _first_that_builds(
     tensors: Sequence[Any],
     made: Prepared,
     chooser: ImplementationSelector,
-    follow: list[Any],
 ) -> tuple[torch.optim.Optimizer, list[tuple[ImplementationSpec, Exception]]]:
     """The optimizer of the best candidate that builds, and the ones that raised before it.
 
     Falls back to ``spec.factory`` (whose error propagates) when none builds.
+    A first measurement running in the background goes with the decision
+    (:attr:`Prepared.tuning`): the optimizer switches when it is done.
     """
+    follow: list[Any] = []
     remaining = list(candidates)
     failed: list[tuple[ImplementationSpec, Exception]] = []
     while True:
@@ -173,9 +158,9 @@ def _first_that_builds(
             remaining = [c for c in remaining if c not in offered]
             continue
         try:
-            return _decision.build(
-                chosen.factory, attrs.evolve(made, implementation=chosen)
-            ), failed
+            tuning = follow[-1] if follow else None
+            decision = attrs.evolve(made, implementation=chosen, tuning=tuning)
+            return _decision.build(chosen.factory, decision), failed
         except Exception as error:
             failed.append((chosen, error))
             remaining = [c for c in remaining if c is not chosen]
@@ -273,7 +258,7 @@ def create_optimizer(
             exclusion), ``layer_decay`` (float in (0, 1]) and ``num_layers``.
 
     Returns:
-        The optimizer, tagged with its spec and registry.
+        The optimizer, carrying its :class:`~optiplug.OptimizerRecord`.
 
     Raises:
         HyperparameterError: a bad keyword or value, or an ``impl`` that does
@@ -296,11 +281,11 @@ def create_optimizer(
         params, reasons = _grouped(spec, params, model, grouping, merged)
     if USES_REGISTRY in spec.capabilities:
         merged.setdefault("registry", registry)
-    made = Prepared(spec.name, params, merged, config)
+    made = Prepared(spec.name, params, merged, config, chooser=chooser)
     optimizer = _build(spec, candidates, impl, made, chooser)
-    _tag(optimizer, spec, registry)
-    if reasons:
-        _set(optimizer, GROUPING_ATTRIBUTE, reasons)
+    chosen = getattr(optimizer, "impl", None)
+    implementation = chosen if isinstance(chosen, str) else None
+    attach_record(optimizer, OptimizerRecord(spec, registry, implementation, reasons))
     return optimizer
 
 
@@ -387,21 +372,6 @@ def _grouped(
         for index, plan in enumerate(plans)
     }
     return groups, reasons
-
-
-def _tag(optimizer: Any, spec: OptimizerSpec, registry: object) -> None:
-    """Record the spec and registry on ``optimizer`` (skipped if it refuses attributes)."""
-    try:
-        setattr(optimizer, SPEC_ATTRIBUTE, spec)
-        setattr(optimizer, REGISTRY_ATTRIBUTE, registry)
-    except (AttributeError, TypeError):
-        pass
-
-
-def _set(optimizer: Any, attribute: str, value: Any) -> None:
-    """Set ``attribute`` on ``optimizer`` (skipped if it refuses attributes)."""
-    with contextlib.suppress(AttributeError, TypeError):
-        setattr(optimizer, attribute, value)
 
 
 @attrs.frozen

@@ -26,7 +26,6 @@ from .specs import ImplementationSpec
 
 __all__ = [
     "TAKES_PREPARED",
-    "TUNING_ATTRIBUTE",
     "Prepared",
     "accepts_prepared",
     "build",
@@ -36,9 +35,6 @@ __all__ = [
 
 TAKES_PREPARED = "_optiplug_takes_prepared"
 """Marker attribute on an ``__init__`` that takes a :class:`Prepared` as its ``params``."""
-
-TUNING_ATTRIBUTE = "_optiplug_tuning"
-"""Attribute holding the background measurement an optimizer follows (``autotune.Tuning``)."""
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
 

@@ -25,10 +25,10 @@ import attrs
 
 from ..errors import HyperparameterError
 from .params import named_param_groups
+from .record import record_of
 from .routing import ParameterRoute, Routing
 
 __all__ = [
-    "GROUPING_ATTRIBUTE",
     "GROUPING_KEYWORDS",
     "LAYER_PATTERN",
     "NAME_HINTS",
@@ -50,9 +50,6 @@ NO_DECAY_AUTO = "auto"
 
 GROUPING_KEYWORDS = ("no_decay", "layer_decay", "num_layers")
 """Keywords of ``optiplug.create`` that build param groups (never passed to a plain factory)."""
-
-GROUPING_ATTRIBUTE = "_optiplug_grouping"
-"""Attribute of a created optimizer: ``{parameter name: why it is in its group}``."""
 
 LAYER_PATTERN = re.compile(r"(?:^|\.)(?:h|layers?|blocks?|stages?|resblocks)\.(\d+)(?:\.|$)")
 """A transformer block index in a parameter name: ``h.3.``, ``layers.3.``, ``blocks.3.``..."""
@@ -701,11 +698,12 @@ def param_groups(
 
 
 def _reasons_of(optimizer: Any) -> dict[str, str]:
-    reasons = dict(getattr(optimizer, GROUPING_ATTRIBUTE, None) or {})
     children = getattr(optimizer, "optimizers", None)
-    if isinstance(children, Mapping):
-        for child in children.values():
-            reasons.update(getattr(child, GROUPING_ATTRIBUTE, None) or {})
+    found = [optimizer, *(children.values() if isinstance(children, Mapping) else ())]
+    reasons: dict[str, str] = {}
+    for each in found:
+        record = record_of(each)
+        reasons.update(record.grouping if record is not None else {})
     return reasons
 
 
@@ -729,8 +727,8 @@ def param_groups_report(optimizer: Any) -> Routing:
             for row in routing()
         ]
         return Routing(tuple(rows))
-    spec = getattr(optimizer, "_optiplug_spec", None)
-    algorithm = spec.name if spec is not None else type(optimizer).__name__
+    record = record_of(optimizer)
+    algorithm = record.algorithm if record is not None else type(optimizer).__name__
     rows, position = [], 0
     for index, group in enumerate(optimizer.param_groups):
         names = group.get("param_names") or [None] * len(group["params"])

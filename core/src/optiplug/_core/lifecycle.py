@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .create import SPEC_ATTRIBUTE
-from .specs import OptimizerSpec
+from .record import record_of
 
 __all__ = ["has_train_eval", "set_training", "step_needs", "training_step"]
 
@@ -38,8 +37,8 @@ def has_train_eval(optimizer: Any) -> bool:
         True when its spec declares ``train_eval`` or it has callable
         ``train`` and ``eval`` methods.
     """
-    spec = getattr(optimizer, SPEC_ATTRIBUTE, None)
-    if isinstance(spec, OptimizerSpec) and spec.train_eval:
+    record = record_of(optimizer)
+    if record is not None and record.spec.train_eval:
         return True
     return callable(getattr(optimizer, "train", None)) and callable(
         getattr(optimizer, "eval", None)
@@ -86,10 +85,10 @@ def step_needs(optimizer: Any) -> tuple[bool, bool]:
         Whether ``step`` must be given a closure, and whether ``backward``
         must keep the graph.
     """
-    spec = getattr(optimizer, SPEC_ATTRIBUTE, None)
-    if not isinstance(spec, OptimizerSpec):
+    record = record_of(optimizer)
+    if record is None:
         return False, False
-    return spec.step_closure, spec.create_graph
+    return record.spec.step_closure, record.spec.create_graph
 
 
 def training_step(optimizer: Any, loss_of: Callable[[], Any]) -> Any:

@@ -1,8 +1,7 @@
 """Validating and loading optimizer state dicts: every problem at once, all-or-nothing.
 
 The optimizer's algorithm is found from, in order: the spec the registry
-tagged it with when it created it (attribute ``_optiplug_spec``, see
-:mod:`optiplug._create`), the ``algorithm`` class attribute of a
+recorded on it when it created it (:func:`optiplug.record_of`), the ``algorithm`` class attribute of a
 :class:`~optiplug.base.TorchBackedOptimizer` looked up in the registry, and
 otherwise a schema-less spec named after the class (generic checks only,
 with the class's ``group_state`` keys, as
@@ -31,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .._core.create import REGISTRY_ATTRIBUTE, SPEC_ATTRIBUTE
 from .._core.params import GROUP_META_KEYS
+from .._core.record import record_of
 from .._core.registry import Registry, bound_registry
 from .._core.specs import OptimizerSpec, Problem
 from ..errors import OptiplugError, StateDictError
@@ -59,7 +58,8 @@ and load its own state dicts; :func:`validate_state_dict` and
 
 def registry_of(optimizer: Any) -> Registry:
     """The registry that created ``optimizer``, else the default registry."""
-    tagged = getattr(optimizer, REGISTRY_ATTRIBUTE, None)
+    record = record_of(optimizer)
+    tagged = record.registry if record is not None else None
     return bound_registry(tagged if isinstance(tagged, Registry) else None)
 
 
@@ -73,9 +73,9 @@ def spec_of(optimizer: Any, registry: Registry) -> OptimizerSpec:
     Returns:
         The registered spec, or a schema-less one named after the class.
     """
-    tagged = getattr(optimizer, SPEC_ATTRIBUTE, None)
-    if isinstance(tagged, OptimizerSpec):
-        return tagged
+    record = record_of(optimizer)
+    if record is not None:
+        return record.spec
     cls = type(optimizer)
     name = getattr(cls, "algorithm", None)
     if isinstance(name, str) and name:

@@ -38,13 +38,9 @@ UNSET: Any = object()
 
 
 class Preparable(Protocol):
-    """What :func:`prepare` reads of an optimizer class."""
+    """What :func:`prepare` reads of an optimizer class (and ``implementation_specs``, if any)."""
 
     algorithm: str
-
-    @classmethod
-    def implementation_specs(cls, target: str | None = None) -> tuple[ImplementationSpec, ...]:
-        """The class's implementations as records."""
 
     @classmethod
     def validated(cls, params: Sequence[Any], hparams: Mapping[str, Any]) -> Any:
@@ -132,7 +128,8 @@ def prepare(
     """The finished decision for building ``cls``: validated once, implementation chosen once.
 
     A :class:`Prepared` that ``cls`` takes (same algorithm, its config) and
-    that names one of its implementations is returned as it is. Otherwise
+    that names one of its implementations is returned as it is; a class
+    without ``implementation_specs`` (one way to step) only validates. Otherwise
     what is missing is done here: validation with ``cls.validated``, then
     the choice by the creating registry's chooser (the default registry's
     for a class built directly), ``impl`` when forced.
@@ -154,13 +151,16 @@ def prepare(
             not exist or cannot run the parameters.
     """
     made = _given(cls, params, lr, impl, dict(hparams or {}))
-    names = {record.name for record in cls.implementation_specs()}
-    if made.implementation is not None and made.implementation.name in names:
+    specs = getattr(cls, "implementation_specs", None)
+    candidates = specs() if specs is not None else ()
+    if made.implementation is not None and made.impl in {c.name for c in candidates}:
         return made
     if not cls.takes_decision(made):
         made = attrs.evolve(made, config=cls.validated(made.params, made.hparams))
+    if not candidates:  # one way to step: nothing to choose
+        return made
     forced = impl if made.implementation is None else made.implementation.name
-    return _chosen(made, cls.implementation_specs(), forced)
+    return _chosen(made, candidates, forced)
 
 
 def _given(

@@ -79,6 +79,31 @@ class ValidatedLoading(torch.optim.Optimizer):
         """
         load_state_dict(self, state_dict, strict=True)
 
+    algorithm: ClassVar[str] = ""
+    config_class: ClassVar[type | None] = None
+
+    @classmethod
+    def validated(cls, params: Sequence[Any], hparams: Mapping[str, Any]) -> Any:
+        """Validate ``hparams`` and each group's overrides with :attr:`config_class` (the construction step of :func:`~optiplug.base.prepare`).
+
+        Returns:
+            The config instance.
+
+        Raises:
+            HyperparameterError: naming the algorithm, field and value.
+        """
+        return _decision.validate(cls.algorithm, hparams, params, config=cls.config_class)
+
+    @classmethod
+    def takes_decision(cls, prepared: Prepared) -> bool:
+        """Whether ``prepared`` holds this algorithm's validated config."""
+        config_class = cls.config_class
+        return (
+            prepared.algorithm == cls.algorithm
+            and config_class is not None
+            and isinstance(prepared.config, config_class)
+        )
+
     second_moments: ClassVar[frozenset[str]] = SECOND_MOMENTS
     """State slots kept with the unsigned table without zero when a group's
     ``state_precision`` is int8 or int4 (second moments: never negative, and
@@ -105,8 +130,6 @@ class ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     :attr:`step_pipeline` (see :func:`~optiplug.base.run_pipeline`).
     """
 
-    algorithm: ClassVar[str] = ""
-    config_class: ClassVar[type]
     step_pipeline: ClassVar[tuple[StepPiece, ...]] = (state_codec,)
     """The pieces run around the kernel on every step, the first outermost."""
 
@@ -119,23 +142,6 @@ class ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     def implementation_names(cls) -> frozenset[str]:
         """The names of this class's implementations."""
         return frozenset(record.name for record in cls.implementation_specs())
-
-    @classmethod
-    def validated(cls, params: Sequence[Any], hparams: Mapping[str, Any]) -> Any:
-        """Validate ``hparams`` and each group's overrides with :attr:`config_class`.
-
-        Returns:
-            The config instance.
-
-        Raises:
-            HyperparameterError: naming the algorithm, field and value.
-        """
-        return _decision.validate(cls.algorithm, hparams, params, config=cls.config_class)
-
-    @classmethod
-    def takes_decision(cls, prepared: Prepared) -> bool:
-        """Whether ``prepared`` holds this algorithm's validated config."""
-        return prepared.algorithm == cls.algorithm and isinstance(prepared.config, cls.config_class)
 
     def switch_implementation(self, name: str) -> None:
         """Run implementation ``name`` from the next step on (the state carries over)."""

@@ -46,7 +46,8 @@ from torch import nn
 from transformers import TrainingArguments
 
 from .. import _api
-from .._core.create import SPEC_ATTRIBUTE, OptimizerFactory
+from .._core.create import OptimizerFactory
+from .._core.record import record_of
 from .._core.registry import Registry
 from ..errors import HyperparameterError, UnknownOptimizerError
 
@@ -382,9 +383,7 @@ def _fused_optimizers(accelerator: Any) -> list[Any]:
     found = []
     for prepared in getattr(accelerator, "_optimizers", ()):
         inner = getattr(prepared, "optimizer", prepared)
-        if getattr(inner, SPEC_ATTRIBUTE, None) is not None and callable(
-            getattr(inner, "fused_backward", None)
-        ):
+        if record_of(inner) is not None and callable(getattr(inner, "fused_backward", None)):
             found.append(inner)
     return found
 

@@ -14,14 +14,16 @@ from torch.optim.adam import adam as torch_adam
 from optiplug.base import (
     GROUP_META_KEYS,
     Prepared,
+    StepPiece,
     ValidatedLoading,
     accepts_prepared,
     closure_loss,
     fused_supported,
     named_param_groups,
     parameter_tensors,
-    step_in_state_precision,
-    validated_config,
+    prepare,
+    run_pipeline,
+    state_codec,
     warn_at_caller,
 )
 from optiplug.errors import HyperparameterError
@@ -250,24 +252,9 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
 
     @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, lr: Any = _UNSET, **hparams: Any) -> None:
-        if isinstance(params, Prepared):  # from optiplug.create: validated there
-            if lr is not _UNSET or hparams:
-                raise TypeError("Muon: a Prepared record is given alone, without keywords")
-            prepared = params
-            params, hparams = list(prepared.params), dict(prepared.hparams)
-            valid = prepared.algorithm == self.algorithm and isinstance(
-                prepared.config, self.config_class
-            )
-            config: MuonConfig = (
-                prepared.config
-                if valid
-                else validated_config(self.algorithm, self.config_class, params, hparams)
-            )
-        else:
-            if lr is not _UNSET:
-                hparams["lr"] = lr
-            params = list(params)
-            config = validated_config(self.algorithm, self.config_class, params, hparams)
+        given = hparams if lr is _UNSET else {**hparams, "lr": lr}
+        made = prepare(type(self), params, hparams=given)
+        params, config = made.params, cast("MuonConfig", made.config)
         groups, self._labels = _route(params, config, self.group_keys)
         self._workspaces: dict[tuple[Any, ...], Workspace] = {}
         self._last_report: StepReport | None = None
@@ -411,14 +398,16 @@ class Muon(ValidatedLoading, torch.optim.Optimizer):
                 state is placed in a way it cannot be stepped (nothing is updated).
         """
         loss = closure_loss(closure)
-        step_in_state_precision(
-            self,
-            self._step_groups,
-            self.second_moments,
-            linear_slots=self.linear_slots,
-            low_rank_slots=self.low_rank_slots,
-        )
+        run_pipeline(self, self.step_pipeline, self._update)
         return loss
+
+    step_pipeline: ClassVar[tuple[StepPiece, ...]] = (state_codec,)
+    """Each group in its ``state_precision`` (the state codec of :mod:`optiplug.base`)."""
+
+    def _update(self, view: Muon) -> None:
+        """One step over ``view``'s groups (this optimizer's, or one narrowed to a parameter)."""
+        view._step_groups()
+        self._last_report = view._last_report
 
     def _step_groups(self) -> None:
         """One step over ``self.param_groups`` (all of them, or one narrowed to a parameter)."""
