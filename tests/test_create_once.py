@@ -88,6 +88,15 @@ def _params() -> list[tuple[str, torch.nn.Parameter]]:
     return list(torch.nn.Linear(8, 8).named_parameters())
 
 
+def _choices(name: str) -> int:
+    """1 where there is something to choose (implementations registered or offered by the class)."""
+    registry = optiplug.default_registry()
+    factory = registry.spec(name).factory
+    cls = factory.resolve() if isinstance(factory, optiplug.LazyCallable) else factory
+    offered = registry.implementations(name) or getattr(cls, "implementation_specs", None)
+    return 1 if offered else 0
+
+
 def test_the_table_holds_the_first_party_algorithms() -> None:
     assert {"adam", "adamw", "sgd", "lion", "muon"} <= set(ALGORITHMS)
 
@@ -97,7 +106,7 @@ def test_create_validates_and_chooses_once(name: str, counts: Counter[str]) -> N
     optimizer = optiplug.create(name, _params(), lr=1e-3)
     assert isinstance(optimizer, torch.optim.Optimizer)
     assert counts["validations"] == 1, counts
-    assert counts["selections"] == 1, counts
+    assert counts["selections"] == _choices(name), counts
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -147,3 +156,48 @@ def test_creating_an_optimizer_does_not_import_dynamo() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------------ every path, bridges included
+def _graph_path(name: str, **hparams: Any) -> torch.optim.Optimizer:
+    graph = optiplug.Graph(torch.nn.Linear(8, 8))
+    return graph.set_optimizer(name, **hparams)
+
+
+def _direct_path(name: str, **hparams: Any) -> torch.optim.Optimizer:
+    factory = optiplug.spec(name).factory
+    cls = factory.resolve() if isinstance(factory, optiplug.LazyCallable) else factory
+    return cls(_params(), **hparams)  # type: ignore[no-any-return]
+
+
+PATHS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "create": lambda name, **h: optiplug.create(name, _params(), **h),
+    "factory called": lambda name, **h: FACTORIES[name](_params()),
+    "Graph": _graph_path,
+    "class built directly": _direct_path,
+}
+BRIDGED = {  # one class of each bridge family that builds from plain parameters
+    "adan": "pytorch-optimizer",
+    "heavy_kl_shampoo": "heavyball",
+    "adamw_schedulefree": "schedulefree",
+    "adamw8bit": "torchao",
+}
+FACTORIES: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("name", ["adamw", "lion", *BRIDGED])
+def test_every_path_validates_once_and_chooses_once(
+    name: str, path: str, counts: Counter[str]
+) -> None:
+    """``create``, a factory when called, a Graph, a class built directly and every bridge."""
+    if name not in optiplug.optimizers():
+        pytest.skip(f"{name} is not installed")
+    hparams: dict[str, Any] = {"lr": 1e-3}
+    if path == "factory called":
+        FACTORIES[name] = optiplug.factory(name, **hparams)  # checked now: not counted below
+        counts.clear()
+    optimizer = PATHS[path](name, **hparams)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert counts["validations"] == 1, counts
+    assert counts["selections"] == 1, counts  # each of these has implementations to choose from

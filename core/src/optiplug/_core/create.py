@@ -147,7 +147,7 @@ def _first_that_builds(
     follow: list[Any] = []
     remaining = list(candidates)
     failed: list[tuple[ImplementationSpec, Exception]] = []
-    while True:
+    while remaining:
         offered = _offered(spec, remaining)
         chosen = chooser.select(
             spec.name, offered, None, tensors, made.hparams, config=made.config, follow=follow

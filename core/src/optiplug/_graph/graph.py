@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from .._api import factory as make_factory
+from .._api import default_registry
+from .._core.create import OptimizerFactory
 from .._core import ranks as _ranks
 from .._core.lifecycle import has_train_eval, set_training, step_needs
 from .._core.selection import Selection
@@ -203,8 +204,11 @@ class Graph:
                 ``step_closure``), which a Graph's backward-then-step cannot
                 give; the Graph keeps its previous optimizer.
         """
-        if isinstance(optimizer, str):
-            optimizer = make_factory(optimizer, **hparams)
+        if isinstance(optimizer, str):  # validated once, when it is built just below
+            impl, provider = hparams.pop("impl", None), hparams.pop("provider", None)
+            optimizer = OptimizerFactory(
+                optimizer, hparams, impl=impl, provider=provider, registry=default_registry()
+            )
         elif hparams:
             raise HyperparameterError(
                 next(iter(hparams)),

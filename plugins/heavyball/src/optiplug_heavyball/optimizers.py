@@ -18,7 +18,6 @@ import copy
 import math
 from typing import Any
 
-import attrs
 import heavyball  # type: ignore[import-untyped]
 import torch
 
@@ -51,20 +50,20 @@ class HeavyBallOptimizer(ExternalOptimizer):
 
     @accepts_prepared
     def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(params, Prepared):  # optiplug.create validated it already: not again
-            self._prevalidated = params.config
         super().__init__(params, *args, **kwargs)
         self.register_load_state_dict_pre_hook(_state.to_flat)
         self.register_load_state_dict_post_hook(_restore, prepend=True)
 
-    def _validated(self, params: list[Any], hparams: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def takes_decision(cls, prepared: Prepared) -> bool:
+        """Whether ``prepared`` holds this algorithm's config (the real attrs class behind it)."""
+        real = getattr(cls.config_class, "real", None)
+        config_class = real() if real is not None else cls.config_class
+        return prepared.algorithm == cls.algorithm and isinstance(prepared.config, config_class)
+
+    def _keywords(self, made: Prepared) -> dict[str, Any]:
         """The validated keywords, less those left to heavyball's own default."""
-        config = self.__dict__.pop("_prevalidated", None)
-        real = getattr(self.config_class, "real", None)
-        if real is not None and isinstance(config, real()):
-            keywords = attrs.asdict(config, recurse=False)  # every field is a class keyword
-        else:
-            keywords = super()._validated(params, hparams)
+        keywords = super()._keywords(made)
         self._bridge_keywords = {k: v for k, v in keywords.items() if not _is_library_default(v)}
         return dict(self._bridge_keywords)
 

@@ -91,7 +91,7 @@ import torch
 from pytorch_optimizer.optimizer import lomo
 from pytorch_optimizer.optimizer.utils import galore, graft, partition, preconditioner
 
-from optiplug.base import ExternalOptimizer, Prepared, external_optimizer
+from optiplug.base import ExternalOptimizer, Prepared, accepts_prepared, external_optimizer
 from optiplug.errors import HyperparameterError
 
 from .catalog import ENTRIES
@@ -123,6 +123,7 @@ class BridgedOptimizer(ExternalOptimizer):
 
     catalog_entry: ClassVar[Entry]
 
+    @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, *args: Any, **kwargs: Any) -> None:
         if self.catalog_entry.muon_groups:
             params = _with_use_muon(params)
@@ -132,8 +133,13 @@ class BridgedOptimizer(ExternalOptimizer):
             self.bridge_rng_seed = int(torch.randint(0, _SEEDS, ()).item())
             self.bridge_rng_step = 0
 
-    def _validated(self, params: list[Any], hparams: dict[str, Any]) -> dict[str, Any]:
-        keywords = super()._validated(params, hparams)
+    def _keywords(self, made: Prepared) -> dict[str, Any]:
+        """The validated keywords to pass the class: given, or with a literal default.
+
+        Raises:
+            HyperparameterError: a keyword the class requires was not given.
+        """
+        keywords = super()._keywords(made)
         for name, value in keywords.items():
             if value is REQUIRED:
                 raise HyperparameterError(
@@ -335,6 +341,7 @@ class FusedBackwardOptimizer(BridgedOptimizer):
     model: torch.nn.Module
     grad_func: Callable[..., Any]
 
+    @accepts_prepared
     def __init__(self, params: Iterable[Any] | Prepared, *args: Any, **kwargs: Any) -> None:
         if issubclass(self.external_class, lomo.AdaLOMO):
             params = _factorable(params, self.algorithm)
