@@ -295,3 +295,68 @@ def test_a_group_switched_to_another_precision_is_converted_not_stepped_in_the_o
     assert isinstance(slot, QuantizedState) and slot.precision == "int4"
     optimizer.step()  # now stored in the group's precision: the C step keeps it there
     assert next(iter(optimizer.state[param].values())).precision == "int4"
+
+
+# ------------------------------------------------------------------ the pipeline of docs/plugins.md
+def _documented_class() -> type[KernelTableOptimizer]:
+    """``CautiousSignEma`` exactly as docs/plugins.md composes it from ``optiplug.base`` pieces."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "plugins.md").read_text()
+    block = next(b for b in text.split("```python\n") if "class CautiousSignEma" in b)
+    code = block.split("```", 1)[0].split("param = torch.nn.Parameter", 1)[0]
+    namespace: dict[str, Any] = {"__name__": "documented"}
+    exec(compile(code, "docs/plugins.md", "exec"), namespace)
+    return namespace["CautiousSignEma"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["cautious", "decoupled"])
+def test_a_third_party_pipeline_gets_cautious_decay_and_the_int8_c_step(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Bit for bit against the decoding path of the same class; param_groups never change."""
+    cls = _documented_class()
+    start = torch.randn(64, 128, generator=torch.Generator().manual_seed(3)) * 10
+    fast_p, slow_p = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    hparams = {"weight_decay": 0.1, "weight_decay_mode": mode, "state_precision": "int8"}
+    fast, slow = cls([fast_p], **hparams), cls([slow_p], **hparams)
+    monkeypatch.setattr(slow, "state_kernel", None, raising=False)  # the decoding path
+    calls = _counting(monkeypatch)
+    groups = [fast.param_groups[0], slow.param_groups[0]]
+    seen: list[tuple[float, float]] = []  # (the kernel's weight decay, the optimizer's meanwhile)
+    options = cls._kernel_options
+
+    def peeking(self: Any, group: dict[str, Any]) -> dict[str, Any]:
+        seen.append((group["weight_decay"], slow.param_groups[0]["weight_decay"]))
+        return options(self, group)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(cls, "_kernel_options", peeking)
+    for step in range(3):
+        grad = torch.randn(64, 128, generator=torch.Generator().manual_seed(20 + step))
+        fast_p.grad, slow_p.grad = grad.clone(), grad.clone()
+        fast.step()
+        slow.step()
+    assert len(calls) == 2  # steps 2 and 3 of the fast one; step 1 created the state
+    assert torch.equal(fast_p, slow_p)
+    assert not torch.equal(fast_p, start)
+    mine, theirs = fast.state[fast_p]["exp_avg"], slow.state[slow_p]["exp_avg"]
+    assert mine.precision == "int8" and torch.equal(_codes(mine), _codes(theirs))
+    assert [fast.param_groups[0], slow.param_groups[0]] == groups
+    assert all(g is h for g, h in zip(groups, [fast.param_groups[0], slow.param_groups[0]]))
+    assert fast.param_groups[0]["weight_decay"] == 0.1
+    decay = 0.0 if mode == "cautious" else 0.1
+    assert seen and set(seen) == {(decay, 0.1)}, seen
+
+
+def test_cautious_decay_differs_from_decoupled_where_signs_disagree() -> None:
+    """The rule is applied, not a no-op: the two modes end apart on the same inputs."""
+    cls = _documented_class()
+    ends = []
+    for mode in ("cautious", "decoupled"):
+        param = torch.nn.Parameter(torch.randn(64, 128, generator=torch.Generator().manual_seed(4)))
+        optimizer = cls([param], weight_decay=0.5, weight_decay_mode=mode, state_precision="int8")
+        for step in range(2):
+            param.grad = torch.randn(64, 128, generator=torch.Generator().manual_seed(30 + step))
+            optimizer.step()
+        ends.append(param.detach().clone())
+    assert not torch.equal(ends[0], ends[1])

@@ -103,8 +103,6 @@ __all__ = [
     "StateKernel",
     "StateKernelSource",
     "StepPiece",
-    "StepRun",
-    "StoredStateStep",
     "Supports",
     "TorchBackedOptimizer",
     "ValidatedLoading",
@@ -147,7 +145,7 @@ def _publish(names: list[str]) -> None:
     """Give each public class and function its public path, for pickles, checkpoints and docs."""
     for name in names:
         value = globals()[name]
-        if isinstance(value, type) or (callable(value) and hasattr(value, "__code__")):
+        if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
             value.__module__ = __name__
 
 

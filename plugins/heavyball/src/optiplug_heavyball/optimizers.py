@@ -132,10 +132,10 @@ class _LowRankPSGD(HeavyBallOptimizer):
     number from the parameter tensors and passes it.
     """
 
-    def _validated(self, params: list[Any], hparams: dict[str, Any]) -> dict[str, Any]:
-        keywords = super()._validated(params, hparams)
+    def _keywords(self, made: Prepared) -> dict[str, Any]:
+        keywords = super()._keywords(made)
         if keywords.get("rank") is None:
-            count = sum(p.numel() for p in parameter_tensors(params))
+            count = sum(p.numel() for p in parameter_tensors(made.params))
             keywords["rank"] = max(1, round(math.log2(max(count, 1))))
             self._bridge_keywords["rank"] = keywords["rank"]
         return keywords
