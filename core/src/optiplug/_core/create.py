@@ -171,10 +171,14 @@ def _offered(spec: OptimizerSpec, remaining: list[ImplementationSpec]) -> list[I
     """The candidates the chooser may pick from: all, or only the highest-priority one.
 
     A step that needs a closure or a kept graph cannot be timed on
-    synthetic gradients, so such an algorithm takes its implementations by
-    declared priority, one at a time, unmeasured.
+    synthetic gradients, and a bridged algorithm's implementations are
+    another library's, not bit-identical to each other (a measured choice
+    that differs between two runs would break a bit-equal resume): such an
+    algorithm takes its implementations by declared priority, one at a
+    time, unmeasured.
     """
-    if not (spec.step_closure or spec.create_graph) or not remaining:
+    unmeasured = spec.step_closure or spec.create_graph or spec.origin is not None
+    if not unmeasured or not remaining:
         return remaining
     return [min(remaining, key=lambda c: (-c.priority, c.name))]
 

@@ -11,8 +11,9 @@ from .specs import OptimizerSpec
 
 __all__ = ["RECORD_ATTRIBUTE", "OptimizerRecord", "attach_record", "record_of"]
 
-RECORD_ATTRIBUTE = "optiplug_record"
-"""The attribute of a created optimizer holding its :class:`OptimizerRecord`."""
+RECORD_ATTRIBUTE = "_optiplug_record"
+"""The attribute of a created optimizer holding its :class:`OptimizerRecord` (read it with
+:func:`record_of`; like torch's own state it is not pickled with the optimizer)."""
 
 
 @attrs.frozen
@@ -35,6 +36,10 @@ class OptimizerRecord:
     registry: Any = attrs.field(eq=False, repr=False)
     implementation: str | None = None
     grouping: Mapping[str, str] = attrs.field(factory=dict)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OptimizerRecord:
+        """The record itself: it is immutable, and its registry is process-wide."""
+        return self
 
     @property
     def algorithm(self) -> str:

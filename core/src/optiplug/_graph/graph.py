@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from .._api import default_registry
-from .._core.create import OptimizerFactory
 from .._core import ranks as _ranks
+from .._core.create import OptimizerFactory
 from .._core.lifecycle import has_train_eval, set_training, step_needs
 from .._core.selection import Selection
 from .._core.specs import Candidate

@@ -10,6 +10,7 @@ chooses the implementation with the same routines, once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -160,7 +161,19 @@ def prepare(
     if not candidates:  # one way to step: nothing to choose
         return made
     forced = impl if made.implementation is None else made.implementation.name
+    if forced is None and not getattr(cls, "measured", True):
+        return _by_priority(made, candidates)
     return _chosen(made, candidates, forced)
+
+
+def _by_priority(made: Prepared, candidates: Sequence[ImplementationSpec]) -> Prepared:
+    """``made`` with the highest-priority candidate that can run its parameters, unmeasured."""
+    ranked = sorted(candidates, key=lambda c: (-c.priority, c.name))
+    ranked = [c for c in ranked if c.priority >= 0] or ranked  # below zero: only when asked
+    for candidate in ranked[:-1]:
+        with contextlib.suppress(HyperparameterError):
+            return _chosen(made, [candidate], None)
+    return _chosen(made, ranked[-1:], None)
 
 
 def _given(

@@ -87,9 +87,11 @@ class ExternalOptimizer(ValidatedLoading, torch.optim.Optimizer):
     ``**kwargs``), passes the class only the keywords its signature names,
     and chooses the implementation among those its signature offers (see
     :func:`external_implementations`) the way every optimizer is chosen
-    (:func:`~optiplug.base.prepare`): ``impl`` forces one; None takes the
-    fastest measured, ranked ``foreach``, then ``loop`` (or ``default``),
-    then ``fused`` where not measured. :attr:`impl` reports what runs.
+    (:func:`~optiplug.base.prepare`), by the one priority rule of external
+    implementations: ``impl`` forces one; None takes ``foreach`` where
+    offered and runnable, else ``loop`` (or ``default``), never timed
+    (:attr:`measured`), and ``fused`` only when asked. :attr:`impl` reports
+    what runs.
 
     Args:
         params: tensors, param-group dicts or ``(name, tensor)`` pairs.
@@ -105,6 +107,9 @@ class ExternalOptimizer(ValidatedLoading, torch.optim.Optimizer):
     config_class: ClassVar[type | None] = None
     external_class: ClassVar[type]
     group_state: ClassVar[tuple[str, ...]] = ()
+    measured: ClassVar[bool] = False
+    """Another library's implementations are ranked, never timed: they are not bit-identical
+    to each other, and a measured choice could differ between a run and its resume."""
 
     @accepts_prepared
     def __init__(
