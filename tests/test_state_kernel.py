@@ -342,7 +342,9 @@ def test_a_third_party_pipeline_gets_cautious_decay_and_the_int8_c_step(
     mine, theirs = fast.state[fast_p]["exp_avg"], slow.state[slow_p]["exp_avg"]
     assert mine.precision == "int8" and torch.equal(_codes(mine), _codes(theirs))
     assert [fast.param_groups[0], slow.param_groups[0]] == groups
-    assert all(g is h for g, h in zip(groups, [fast.param_groups[0], slow.param_groups[0]]))
+    assert all(
+        g is h for g, h in zip(groups, [fast.param_groups[0], slow.param_groups[0]], strict=True)
+    )
     assert fast.param_groups[0]["weight_decay"] == 0.1
     decay = 0.0 if mode == "cautious" else 0.1
     assert seen and set(seen) == {(decay, 0.1)}, seen

@@ -61,7 +61,6 @@ from .._native import NativeLibrary, build_c_library
 from .._state.codec import (
     LOW_RANK,
     QuantizedState,
-    StoredStateStep,
     convert_state,
     step_in_state_precision,
 )
@@ -79,7 +78,6 @@ from ._external import ClosureStep, ExternalOptimizer, external_implementations,
 from ._kernel_table import KernelTableOptimizer
 from ._pipeline import (
     StepPiece,
-    StepRun,
     cautious_decay,
     cautious_weight_decay,
     run_pipeline,

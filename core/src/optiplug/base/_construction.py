@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import torch
@@ -24,10 +24,10 @@ from .._core.decision import Prepared
 from .._core.params import parameter_tensors
 from .._core.specs import ImplementationSpec
 from ..errors import HyperparameterError
+from ._contract import ValidatedLoading
 
 __all__ = [
     "UNSET",
-    "Preparable",
     "choose_implementation",
     "excluded_implementations",
     "prepare",
@@ -36,20 +36,6 @@ __all__ = [
 
 UNSET: Any = object()
 """The default of ``lr``: not given (it may come as a keyword, or from a :class:`Prepared`)."""
-
-
-class Preparable(Protocol):
-    """What :func:`prepare` reads of an optimizer class (and ``implementation_specs``, if any)."""
-
-    algorithm: str
-
-    @classmethod
-    def validated(cls, params: Sequence[Any], hparams: Mapping[str, Any]) -> Any:
-        """Validate ``hparams`` (and each group's overrides); the config instance or None."""
-
-    @classmethod
-    def takes_decision(cls, prepared: Prepared) -> bool:
-        """Whether ``prepared`` was validated for this class (its config is this class's)."""
 
 
 def validated_config(
@@ -120,7 +106,7 @@ def choose_implementation(
 
 
 def prepare(
-    cls: type[Preparable],
+    cls: type[ValidatedLoading],
     params: Iterable[Any] | Prepared,
     lr: Any = UNSET,
     impl: str | None = None,

@@ -130,6 +130,7 @@ class ContractOptimizer(ValidatedLoading, torch.optim.Optimizer):
     :attr:`step_pipeline` (see :func:`~optiplug.base.run_pipeline`).
     """
 
+    config_class: ClassVar[type]
     step_pipeline: ClassVar[tuple[StepPiece, ...]] = (state_codec,)
     """The pieces run around the kernel on every step, the first outermost."""
 

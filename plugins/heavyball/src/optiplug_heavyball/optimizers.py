@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, cast
 
 import heavyball  # type: ignore[import-untyped]
 import torch
@@ -58,7 +58,7 @@ class HeavyBallOptimizer(ExternalOptimizer):
     def takes_decision(cls, prepared: Prepared) -> bool:
         """Whether ``prepared`` holds this algorithm's config (the real attrs class behind it)."""
         real = getattr(cls.config_class, "real", None)
-        config_class = real() if real is not None else cls.config_class
+        config_class = cast("type", real() if real is not None else cls.config_class)
         return prepared.algorithm == cls.algorithm and isinstance(prepared.config, config_class)
 
     def _keywords(self, made: Prepared) -> dict[str, Any]:
