@@ -1,161 +1,158 @@
-"""Calling optiplug's hooks through pluggy, one plugin's failure never stopping the others.
+"""Calling hooks through pluggy's public API, each plugin alone in managers of its own.
 
-The hooks asked for records once, when a plugin loads, are called by the
-registry itself; the hooks it calls on every use (:data:`CALLED_HOOKS`:
-selection rules and state validators) go through pluggy, so ``tryfirst``,
-``trylast`` and hook wrappers work, with each implementation wrapped
-(:func:`guarded`) so that its result or exception is reported separately
-(:func:`outcomes_of`). Also here: checking what a hook returned
-(:func:`typed_records`) and refusing functions that look like hooks but
-are not (:func:`unknown_hooks`).
+Also here: checking what a hook returned (:func:`typed_records`) and
+refusing functions that look like hooks but are not (:func:`unknown_hooks`).
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
+import types
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pluggy
 
 from ..errors import closest_name
-from .hooks import HOOK_NAMES
+from .hooks import HOOK_NAMES, PROJECT_NAME, HookSpecs, hookimpl
 from .specs import Candidate, Problem
 
 __all__ = [
-    "CALLED_HOOKS",
-    "OUTCOMES",
-    "Outcome",
     "UnknownHooks",
     "failure_text",
-    "guarded",
     "outcomes_of",
+    "plugin_managers",
     "typed_records",
     "unknown_hooks",
 ]
 
-CALLED_HOOKS = ("optiplug_select_optimizer", "optiplug_validate_state_dict")
-"""Hooks :meth:`Registry.call_each` calls; the others are asked once, when a plugin loads."""
-
 Outcome = tuple[str, Any, "BaseException | None"]
-"""``(plugin name, result or None, exception or None)`` of one hook implementation."""
+"""``(plugin name, result or None, exception or None)``: one answer or one failure."""
 
-OUTCOMES: contextvars.ContextVar[list[Outcome] | None] = contextvars.ContextVar(
-    "optiplug_hook_outcomes", default=None
-)
-"""Where guarded implementations report during :meth:`Registry.call_each`."""
+_Answer = tuple[str, object]
 
 
-def guarded(function: Callable[..., object], plugin: str, hook_name: str) -> Callable[..., object]:
-    """``function``, reporting its result or exception to the running :meth:`Registry.call_each`.
+class _Interrupted(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` in a plugin's hook, its message naming the plugin."""
 
-    Outside a ``call_each`` (no report list) it behaves as ``function``.
+
+def _unpacking(hook_name: str) -> Callable[[], Generator[None, list[Any], list[Any]]]:
+    @hookimpl(wrapper=True, trylast=True, specname=hook_name)
+    def unpack() -> Generator[None, list[Any], list[Any]]:
+        results = yield
+        return list(results[0])
+
+    return unpack
+
+
+_UNPACK = types.SimpleNamespace(**{f"unpack_{name}": _unpacking(name) for name in HOOK_NAMES})
+"""The innermost wrapper: it hands a plugin's wrappers what they wrap as their results."""
+
+
+class _Manager(pluggy.PluginManager):
+    """A pluggy manager of optiplug's hook specs: all implementations, or wrappers or not."""
+
+    def __init__(self, wrappers: bool | None = None) -> None:
+        super().__init__(PROJECT_NAME)
+        self.add_hookspecs(HookSpecs)
+        self.wrappers = wrappers
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> pluggy.HookimplOpts | None:
+        """pluggy's options for ``plugin.name``, None if it is not of the kind kept."""
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None or self.wrappers is None:
+            return opts
+        return (
+            opts if bool(opts.get("wrapper") or opts.get("hookwrapper")) == self.wrappers else None
+        )
+
+
+def plugin_managers(
+    plugin: object, name: str
+) -> tuple[pluggy.PluginManager, pluggy.PluginManager, pluggy.PluginManager | None]:
+    """Pluggy managers holding ``plugin`` alone: all of it, all but its wrappers, its wrappers.
+
+    The last, None when ``plugin`` wraps no hook, has :data:`_UNPACK` innermost.
+
+    Raises:
+        pluggy.PluginValidationError: an implementation matches no hook spec.
     """
-
-    def call(*args: object) -> object:
-        outcomes = OUTCOMES.get()
-        try:
-            result = function(*args)
-        except KeyboardInterrupt as error:
-            where = f"{hook_name} of optiplug plugin {plugin!r}"
-            raise KeyboardInterrupt(f"interrupted in {where}") from error
-        except BaseException as error:  # a hook may even sys.exit()
-            if outcomes is None:
-                raise
-            outcomes.append((plugin, None, error))
-            return None
-        if outcomes is not None:
-            outcomes.append((plugin, result, None))
-        return result
-
-    return call
+    alone = _Manager()
+    alone.register(plugin, name=name)
+    alone.check_pending()
+    hooks = alone.get_hookcallers(plugin) or ()
+    if not any(i.wrapper or i.hookwrapper for hook in hooks for i in hook.get_hookimpls()):
+        return alone, alone, None
+    plain, wrapping = _Manager(wrappers=False), _Manager(wrappers=True)
+    plain.register(plugin, name=name)
+    wrapping.register(plugin, name=name)
+    wrapping.register(_UNPACK, name=f"{PROJECT_NAME}-unpack")
+    return alone, plain, wrapping
 
 
-def wrapper_impls(impls: Sequence[pluggy.HookImpl]) -> list[pluggy.HookImpl]:
-    return [impl for impl in impls if impl.wrapper or impl.hookwrapper]
-
-
-def outermost_wrapper(impls: Sequence[pluggy.HookImpl]) -> str | None:
-    """The plugin of the wrapper pluggy calls first (the last in its list), or None."""
-    found = wrapper_impls(impls)
-    return found[-1].plugin_name if found else None
-
-
-def culprit(impls: Sequence[pluggy.HookImpl], trace: TracebackType | None) -> str | None:
-    """The plugin of the wrapper that raised: the innermost wrapper frame in ``trace``.
-
-    None when no wrapper is registered (pluggy itself raised).
-    """
-    codes = {
-        getattr(impl.function, "__code__", None): impl.plugin_name for impl in wrapper_impls(impls)
-    }
-    found = None
-    while trace is not None:
-        found = codes.get(trace.tb_frame.f_code, found)
-        trace = trace.tb_next
-    return found or outermost_wrapper(impls)
-
-
-def kept(
-    outcomes: list[Outcome], results: list[object] | None, wrapper: str | None
+def outcomes_of(
+    hook: pluggy.HookCaller,
+    plain: Mapping[str, pluggy.PluginManager],
+    wrapping: Mapping[str, pluggy.PluginManager],
+    kwargs: Mapping[str, Any],
 ) -> list[Outcome]:
-    """The implementations' outcomes, as far as the wrappers kept their results.
+    """Call ``hook``'s plugins, each in its own managers, and collect each one's outcome.
 
-    A result the wrappers dropped counts as None; one they added or replaced
-    (not identical to any implementation's) is reported as ``wrapper``'s.
-    """
-    if results is None:
-        return outcomes
-    kept = {id(result) for result in results}
-    answered = {id(result) for _, result, _ in outcomes}
-    reported = [
-        (plugin, result if id(result) in kept else None, error)
-        for plugin, result, error in outcomes
-    ]
-    added = [r for r in results if id(r) not in answered]
-    return reported + [(wrapper, r, None) for r in added if wrapper is not None]
-
-
-def outcomes_of(hook: Any, kwargs: Mapping[str, Any]) -> list[Outcome]:
-    """Call ``hook`` through pluggy and collect each implementation's outcome.
-
-    ``tryfirst``, ``trylast`` and wrappers work as in any pluggy call; the
-    implementations are :func:`guarded`, so one that raises is reported and
-    the others still run. A wrapper that raises is reported as its plugin's
-    failure (the innermost wrapper frame of the traceback); if it raised
-    before the implementations ran, they are run plainly so that each is
-    still reported. A ``KeyboardInterrupt`` propagates.
+    ``hook``, of the manager holding every plugin, gives pluggy's order. Each
+    wrapping plugin, outermost first, is called with what it wraps as an
+    extra implementation; at the centre each other plugin is called in turn.
+    A plugin that raises (``SystemExit`` included), or whose wrapper returns
+    no list, is a failure that stops no other: what it wrapped passes through.
 
     Args:
-        hook: a pluggy hook caller.
-        kwargs: its arguments.
+        hook: the hook caller of the registry's manager.
+        plain: each plugin's manager of all but its wrappers (:func:`plugin_managers`).
+        wrapping: each wrapping plugin's manager of its wrappers.
+        kwargs: the hook's arguments.
 
     Returns:
-        ``(plugin name, result or None, exception or None)`` per
-        implementation, in pluggy's call order, as far as the wrappers kept
-        the results (see :func:`kept`).
+        ``(plugin, result, None)`` per answer the outermost wrapper returned,
+        in its order (an answer a wrapper added or replaced is its plugin's),
+        then ``(plugin, None, exception)`` per failure.
     """
-    impls: list[pluggy.HookImpl] = hook.get_hookimpls()
-    outcomes: list[Outcome] = []
-    token = OUTCOMES.set(outcomes)
-    try:
-        results: list[object] | None = hook(**kwargs)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as error:  # only a wrapper can raise: the others are guarded
-        failed = culprit(impls, error.__traceback__)
-        if failed is None:
-            raise
-        results = None
-        outcomes.append((failed, None, error))
-        if len(outcomes) == 1:  # it failed before the implementations ran
-            for impl in reversed(impls):
-                if not (impl.wrapper or impl.hookwrapper):
-                    impl.function(*(kwargs[arg] for arg in impl.argnames))
-    finally:
-        OUTCOMES.reset(token)
-    return kept(outcomes, results, outermost_wrapper(impls))
+    impls = hook.get_hookimpls()[::-1]
+    wrappers = list(dict.fromkeys(i.plugin_name for i in impls if i.wrapper or i.hookwrapper))
+    centre = list(dict.fromkeys(i.plugin_name for i in impls if not (i.wrapper or i.hookwrapper)))
+    failures: list[Outcome] = []
+
+    def answers(plugin: str, extra: Sequence[Callable[[], object]] = ()) -> list[object] | None:
+        """``plugin``'s answers (its wrappers' when ``extra``), None when it fails."""
+        manager = wrapping[plugin] if extra else plain[plugin]
+        try:
+            results = getattr(manager.hook, hook.name).call_extra(extra, kwargs)
+            if not isinstance(results, list):
+                raise TypeError(f"its wrapper returned {shown(results)}, expected a list")
+        except _Interrupted:
+            raise  # an inner plugin's, already named
+        except KeyboardInterrupt as error:
+            where = f"{hook.name} of optiplug plugin {plugin!r}"
+            raise _Interrupted(f"interrupted in {where}") from error
+        except BaseException as error:  # a hook may even sys.exit()
+            failures.append((plugin, None, error))
+            return None
+        return results
+
+    def wrapped(outer: Sequence[str]) -> list[_Answer]:
+        """The answers of every plain plugin, wrapped by ``outer`` (outermost first)."""
+        if not outer:
+            return [(p, r) for p in centre for r in answers(p) or ()]
+        inner: list[list[_Answer]] = []
+
+        def call() -> list[object]:
+            inner.append(wrapped(outer[1:]))
+            return [result for _, result in inner[0]]
+
+        results = answers(outer[0], [call])
+        if results is None:
+            return inner[0] if inner else wrapped(outer[1:])
+        return [next((a for a in inner[0] if a[1] is r), (outer[0], r)) for r in results]
+
+    found = wrapped(wrappers)
+    return [(plugin, result, None) for plugin, result in found] + failures
 
 
 _Typed = TypeVar("_Typed", Candidate, Problem)

@@ -14,7 +14,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import pluggy
@@ -35,11 +35,10 @@ from .create import OptimizerFactory, create_optimizer, validated_hparams
 from .discovery import ENTRY_POINT_GROUP, distribution_entry_points, entry_points
 from .env import env_flag
 from .hookcalls import (
-    CALLED_HOOKS,
     UnknownHooks,
     failure_text,
-    guarded,
     outcomes_of,
+    plugin_managers,
     typed_records,
     unknown_hooks,
 )
@@ -160,6 +159,8 @@ class Registry:
         )
         self._manager = pluggy.PluginManager(PROJECT_NAME)
         self._manager.add_hookspecs(HookSpecs)
+        self._plain: dict[str, pluggy.PluginManager] = {}  # see plugin_managers
+        self._wrapping: dict[str, pluggy.PluginManager] = {}
         self._lock = threading.RLock()
         self._pending_discovery = autoload
         self._seen_entry_points: set[tuple[str, str, str]] = set()
@@ -264,66 +265,30 @@ class Registry:
             )
 
     def _collect(self, name: str, plugin: object, provider: ProviderInfo) -> _Contributions:
+        """Ask ``plugin`` alone (its own wrappers included) for its records, then register it."""
         if self._manager.get_plugin(name) is not None:
             raise ValueError(f"a plugin named {name!r} is already registered")
         unknown = unknown_hooks(plugin)
         if unknown:
             raise UnknownHooks(unknown)
+        alone, plain, wrapping = plugin_managers(plugin, name)
+        contributions = _Contributions(
+            optimizers=_records(alone, "optiplug_optimizers", OptimizerSpec, provider),
+            implementations=_records(
+                alone, "optiplug_implementations", ImplementationSpec, provider
+            ),
+            schedules=_records(alone, "optiplug_schedules", ScheduleSpec, provider),
+            commands=_records(alone, "optiplug_cli_commands", CommandSpec, provider),
+        )
         self._manager.register(plugin, name=name)
-        try:
-            self._manager.check_pending()
-            self._guard_calls(name)
-            return _Contributions(
-                optimizers=self._records(name, "optiplug_optimizers", OptimizerSpec, provider),
-                implementations=self._records(
-                    name, "optiplug_implementations", ImplementationSpec, provider
-                ),
-                schedules=self._records(name, "optiplug_schedules", ScheduleSpec, provider),
-                commands=self._records(name, "optiplug_cli_commands", CommandSpec, provider),
-            )
-        except BaseException:
-            self._manager.unregister(name=name)
-            raise
-
-    def _hookimpls(self, plugin_name: str, hook_name: str) -> list[pluggy.HookImpl]:
-        hook = getattr(self._manager.hook, hook_name)
-        return [impl for impl in hook.get_hookimpls() if impl.plugin_name == plugin_name]
+        self._plain[name] = plain
+        if wrapping is not None:
+            self._wrapping[name] = wrapping
+        return contributions
 
     def _implements(self, plugin_name: str, hook_name: str) -> bool:
-        return bool(self._hookimpls(plugin_name, hook_name))
-
-    def _records(
-        self, name: str, hook_name: str, kind: type[_Record], provider: ProviderInfo
-    ) -> list[_Record]:
-        """Ask plugin ``name`` alone (its wrappers included) for its ``hook_name`` records."""
-        # What pluggy's subset_hook_caller runs, without hashing plugin objects.
-        returned_all = self._manager._hookexec(
-            hook_name, self._hookimpls(name, hook_name), {}, False
-        )
-        found: list[_Record] = []
-        # Every registration hook returns an iterable (see HookSpecs); pluggy
-        # types the results as objects.
-        for returned in cast("list[Iterable[object]]", returned_all):
-            for record in returned:
-                if not isinstance(record, kind):
-                    raise TypeError(
-                        f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
-                    )
-                found.append(attrs.evolve(record, provider=provider))
-        return found
-
-    def _guard_calls(self, name: str) -> None:
-        """Make plugin ``name``'s implementations of the called hooks report, not raise.
-
-        Each guarded implementation records its result or exception for
-        :meth:`call_each` and returns None on failure, which pluggy leaves
-        out of the results, so one broken plugin cannot stop the others.
-        """
-        for hook_name in CALLED_HOOKS:
-            for impl in self._hookimpls(name, hook_name):
-                if not (impl.wrapper or impl.hookwrapper):
-                    # pluggy calls HookImpl.function; it is declared Final, not read-only.
-                    impl.function = guarded(impl.function, name, hook_name)  # type: ignore[misc]
+        hook = getattr(self._manager.hook, hook_name)
+        return any(impl.plugin_name == plugin_name for impl in hook.get_hookimpls())
 
     def _commit(self, contributions: _Contributions) -> None:
         for spec in contributions.optimizers:
@@ -722,29 +687,30 @@ class Registry:
     ) -> Iterator[tuple[PluginInfo, Any, BaseException | None]]:
         """Call ``hook_name`` through pluggy and report each plugin's answer separately.
 
-        The hook is called like any pluggy hook: ``tryfirst`` and ``trylast``
+        The hook is called in pluggy's order: ``tryfirst`` and ``trylast``
         order the implementations (otherwise the last registered is called
-        first) and wrappers wrap the call and may change its results. A
-        plugin whose implementation raises (``SystemExit`` included) is
-        reported with its exception and does not stop the others; so is a
-        wrapper that raises. A ``KeyboardInterrupt`` propagates, its message
-        naming the plugin.
+        first) and wrappers wrap the call and may change its results. Each
+        plugin is called in a pluggy manager of its own, so one whose
+        implementation raises (``SystemExit`` included) is reported with its
+        exception and does not stop the others; so is a wrapper that raises.
+        A ``KeyboardInterrupt`` propagates, its message naming the plugin.
 
         Args:
             hook_name: ``optiplug_select_optimizer`` or ``optiplug_validate_state_dict``.
             **kwargs: the hook's arguments.
 
         Yields:
-            ``(plugin info, result or None, exception or None)`` per
-            implementation, in pluggy's call order; results a wrapper added
-            or replaced come last, as its plugin's.
+            ``(plugin info, result, None)`` per answer, in the order the
+            outermost wrapper returned them (pluggy's call order unless a
+            wrapper reorders; an answer a wrapper added or replaced is its
+            plugin's), then ``(plugin info, None, exception)`` per failure.
 
         Raises:
             PluginError: in strict mode, while any plugin is failed or incompatible.
         """
         self._discover()
         hook = getattr(self._manager.hook, hook_name)
-        for plugin_name, result, failure in outcomes_of(hook, kwargs):
+        for plugin_name, result, failure in outcomes_of(hook, self._plain, self._wrapping, kwargs):
             yield self._plugins[plugin_name], result, failure
 
     def candidates(self, request: SelectionRequest) -> list[tuple[Candidate, PluginInfo]]:
@@ -813,6 +779,25 @@ class Registry:
             else:
                 problems.extend(found)
         return problems
+
+
+def _records(
+    manager: pluggy.PluginManager, hook_name: str, kind: type[_Record], provider: ProviderInfo
+) -> list[_Record]:
+    """The ``kind`` records ``manager``'s plugin returns from ``hook_name``, with ``provider``.
+
+    Raises:
+        TypeError: it returned anything else (and whatever its hook raised).
+    """
+    found: list[_Record] = []
+    for returned in getattr(manager.hook, hook_name)():
+        for record in returned:
+            if not isinstance(record, kind):
+                raise TypeError(
+                    f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
+                )
+            found.append(attrs.evolve(record, provider=provider))
+    return found
 
 
 def bound_registry(registry: Registry | None) -> Registry:
