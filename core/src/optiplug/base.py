@@ -82,6 +82,13 @@ from ._state.codec import (
 )
 from ._state.load import load_state_dict
 from ._state.native_adam import fused_adam_step
+from ._state.native_blocks import (
+    CODEC_C_SOURCE,
+    c_library_or_none,
+    c_step_applies,
+    codec_tables,
+    seed_term,
+)
 from ._state.native_state import (
     StateKernel,
     StateKernelSource,
@@ -134,6 +141,13 @@ __all__ = [
     "training_step",
     "validated_config",
     "warn_at_caller",
+    "CODEC_C_SOURCE",
+    "c_library_or_none",
+    "c_step_applies",
+    "codec_tables",
+    "group_precision",
+    "seed_term",
+    "state_kernel_or_none",
 ]
 
 
