@@ -5,6 +5,7 @@ from __future__ import annotations
 import optiplug
 
 from .config import LION_STATE, LionConfig
+from .rule import pretraining_rule
 
 OPTIPLUG_API = 1
 
@@ -64,3 +65,11 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             implementations=lion_implementations(),
         )
     ]
+
+
+@optiplug.hookimpl
+def optiplug_select_optimizer(
+    request: optiplug.SelectionRequest,
+) -> list[optiplug.Candidate]:
+    """Propose lion for pretraining (:func:`~optiplug_lion.rule.pretraining_rule`)."""
+    return pretraining_rule(request)
