@@ -50,6 +50,7 @@ from ._core.selection import (
 from ._core.specs import (
     Candidate,
     CommandSpec,
+    HFName,
     ImplementationSpec,
     OptimizerSpec,
     Origin,
@@ -81,6 +82,7 @@ __all__ = [
     "MemoryOption",
     "MemoryPlan",
     "CommandSpec",
+    "HFName",
     "ImplementationSpec",
     "LazyCallable",
     "MemoryEstimate",

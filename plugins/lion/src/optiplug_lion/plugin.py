@@ -22,6 +22,16 @@ IMPLEMENTATIONS: dict[str, tuple[int, str]] = {
 }
 """name -> (priority when not measured, description); the class's tables read it too."""
 
+_STATE_32, _UNPAGED = optiplug.HFName.STATE_32, optiplug.HFName.UNPAGED
+
+HF_NAMES = (
+    optiplug.HFName("lion_32bit"),
+    optiplug.HFName("lion_8bit", caveat=_STATE_32),
+    optiplug.HFName("paged_lion_32bit", caveat=_UNPAGED),
+    optiplug.HFName("paged_lion_8bit", caveat=f"{_STATE_32}; {_UNPAGED}"),
+)
+"""The ``TrainingArguments(optim=...)`` names ``lion`` serves."""
+
 _SUPPORTS = {
     "fused": "optiplug_lion.optimizer:fused_supported",
     "foreach": "optiplug.base:foreach_supported",
@@ -63,6 +73,8 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=LION_STATE,
             implementations=lion_implementations(),
+            hf_names=HF_NAMES,
+            capabilities={"elementwise"},
         )
     ]
 
