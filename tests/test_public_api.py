@@ -18,6 +18,7 @@ EXPECTED_ALL = {
     "Candidate",
     "CandidateReport",
     "CommandSpec",
+    "HFName",
     "ImplementationSpec",
     "LazyCallable",
     "MemoryEstimate",

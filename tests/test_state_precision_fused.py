@@ -1,4 +1,4 @@
-"""The fused C step of Adam and AdamW on int8, int4 and bf16 state (:mod:`optiplug._state.native_adam`).
+"""The fused C step of Adam and AdamW on int8, int4 and bf16 state (:mod:`optiplug_adam.native`).
 
 Each fused step is checked against the slow path (decode, torch's own step,
 encode) taken from the same state, and both against the step computed in
@@ -25,9 +25,11 @@ from hypothesis import strategies as st
 
 import optiplug
 import optiplug.base
-from optiplug._state import native_adam, native_state
+from optiplug._state import native_state
 from optiplug._state.codec import QuantizedState, _encode_blocks, _magnitudes
 from optiplug._state.precision import BLOCK_SIZES, CODE_BITS
+from optiplug_adam import native as native_adam
+from optiplug_sgd import native as sgd_native
 
 pytestmark = pytest.mark.skipif(
     all(shutil.which(name) is None for name in ("cc", "gcc", "clang")),
@@ -301,7 +303,7 @@ def test_the_fused_sgd_step_declines_and_changes_nothing(
     )
     optimizer.step()
     value = param.detach().clone()
-    assert native_state.fused_sgd_step(optimizer, optimizer.param_groups[0], param) is False
+    assert sgd_native.fused_sgd_step(optimizer, optimizer.param_groups[0], param) is False
     assert torch.equal(param.detach(), value)
 
 
@@ -310,7 +312,7 @@ def _counting(optimizer: torch.optim.Optimizer) -> list[bool]:
     answers: list[bool] = []
     sgd = isinstance(optimizer, torch.optim.SGD)
     original = type(optimizer).state_step
-    assert original is (native_state.fused_sgd_step if sgd else native_adam.fused_adam_step)
+    assert original is (sgd_native.fused_sgd_step if sgd else native_adam.fused_adam_step)
 
     def counted(*args: Any) -> bool:
         answers.append(original(*args))
@@ -450,9 +452,9 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
             assert torch.equal(first.state[p_first][key].codes, second.state[p_second][key].codes)
             assert torch.equal(first.state[p_first][key].scales, second.state[p_second][key].scales)
     sgd_kernels = (
-        native_state.build_state_kernel(native_state.SGD_STATE),
-        native_state.StateKernel(native_state.SGD_STATE, optiplug.base.build_c_library(
-            hidden + native_state.SGD_STATE.c_source(), name=name + "-sgd")),
+        native_state.build_state_kernel(sgd_native.SGD_STATE_KERNEL),
+        native_state.StateKernel(sgd_native.SGD_STATE_KERNEL, optiplug.base.build_c_library(
+            hidden + sgd_native.SGD_STATE_KERNEL.c_source(), name=name + "-sgd")),
     )  # fmt: skip
     for precision in ("int8", "int4", "bf16"):
         params = [torch.nn.Parameter(torch.randn(9_000, generator=torch.Generator().manual_seed(5)))
@@ -464,7 +466,7 @@ def test_every_instruction_set_path_steps_alike(without: tuple[str, ...]) -> Non
                                   nesterov=True, state_precision=precision)  # fmt: skip
             sgd.step()
             buffers.append((sgd, sgd.state[param]["momentum_buffer"]))
-        scalars = native_state._sgd_scalars(buffers[0][0].param_groups[0])
+        scalars = sgd_native._sgd_scalars(buffers[0][0].param_groups[0])
         for chosen, param, (_, buffer) in zip(sgd_kernels, params, buffers, strict=True):
             chosen.step(param.detach(), param.grad, [buffer], scalars)
         assert torch.equal(params[0], params[1])

@@ -51,6 +51,7 @@ from ._core.selection import (
 from ._core.specs import (
     Candidate,
     CommandSpec,
+    HFName,
     ImplementationSpec,
     OptimizerSpec,
     Origin,
@@ -82,6 +83,7 @@ __all__ = [
     "MemoryOption",
     "MemoryPlan",
     "CommandSpec",
+    "HFName",
     "ImplementationSpec",
     "LazyCallable",
     "MemoryEstimate",

@@ -4,17 +4,13 @@ The rules split by training stage (``SelectionRequest.stage``):
 
 * **pretraining** (from scratch): AdamW with betas (0.9, 0.95) and weight
   decay 0.1 at the learning rate GPT-3 (Brown et al. 2020, Table 2.1) lists
-  for the model size, 1e-3 below 100M parameters (nanoGPT's small models);
-  and, outranking it, Muon with an auxiliary AdamW for the non-matrix
-  parameters at the same lr and weight decay with ``adjust_lr=
-  "match_rms_adamw"`` (Moonlight, Liu et al. 2025). Muon's candidate is
-  skipped when the plugin is not installed, so AdamW wins then. Below
-  AdamW, Lion at a third of AdamW's lr and three times its weight decay
-  (Chen et al. 2023), betas (0.9, 0.95) up to 1e8 parameters (GPT-NeoX's
-  small-LM configuration), the paper's language-model (0.95, 0.98) beyond.
+  for the model size, 1e-3 below 100M parameters (nanoGPT's small models).
+  Plugins propose their own algorithms beside it (their rules may scale
+  their lr from :func:`pretraining_lr`, public as
+  :meth:`optiplug.AutoOptimizer.pretraining_lr`).
 * **fine-tuning**: size rules (score 10) and task rules (score 20) at
   1e-5 to 5e-5, from BERT (Devlin et al. 2019, Appendix A.3) and Llama 2
-  (Touvron et al. 2023, Section 3.1). Never Muon.
+  (Touvron et al. 2023, Section 3.1).
 * **unknown stage**: the fine-tuning rules (a low lr only slows a run from
   scratch; a pretraining lr can wreck pretrained weights), and every built-in
   reason says "stage unknown" so ``explain()`` shows the assumption.
@@ -32,15 +28,12 @@ __all__ = [
     "FINETUNING_SIZE_RULES",
     "GPT3_LEARNING_RATES",
     "KNOWN_TASKS",
-    "LION_SCORE",
-    "MUON_SCORE",
     "PRETRAINING_SCORE",
     "SIZE_SCORE",
     "SMALL_PRETRAINING_LR",
     "TASK_RULES",
     "TASK_SCORE",
     "finetuning_size_rule",
-    "lion_pretraining_rule",
     "optiplug_select_optimizer",
     "pretraining_lr",
     "pretraining_rules",
@@ -53,38 +46,11 @@ TASK_SCORE = 20.0
 """Fine-tuning task rules: outrank the size rules for the tasks they know."""
 PRETRAINING_SCORE = 20.0
 """The pretraining AdamW rule."""
-MUON_SCORE = 25.0
-"""The pretraining Muon rule (Moonlight's recipe): above AdamW's, below the muon
-plugin's own rule (30, Muon at its defaults, which trained the built-in job to
-a lower loss: 1.77 against 2.13), so it shows in ``explain()`` as the
-alternative and decides only where the plugin's rule is absent."""
-
-LION_SCORE = 15.0
-"""The pretraining Lion rule: below AdamW's, so it decides only where AdamW is
-missing; ``AutoOptimizer.tune`` measures it as the third candidate when its
-budget allows three (2250 steps and more)."""
-
 GPT3 = "GPT-3 (Brown et al. 2020, Table 2.1)"
 NANOGPT = "nanoGPT (Karpathy, config/train_shakespeare_char.py: lr 1e-3)"
-MOONLIGHT = "Moonlight (Liu et al. 2025, 'Muon is Scalable for LLM Training', Sections 2.2-2.3)"
 BERT = "BERT (Devlin et al. 2019, Appendix A.3: lr in {5e-5, 3e-5, 2e-5})"
 BERT_ADAM = "BERT (Devlin et al. 2019, Appendix A.2: betas (0.9, 0.999), weight decay 0.01)"
 LLAMA2 = "Llama 2 (Touvron et al. 2023, Section 3.1: SFT lr 2e-5, weight decay 0.1)"
-
-LION = "Lion (Chen et al. 2023, 'Symbolic Discovery of Optimization Algorithms')"
-NEOX_LION = (
-    "GPT-NeoX's Lion test configuration (EleutherAI 2023: a 10-layer, 512-wide LM at "
-    "lr 3.3e-4 = AdamW's 1e-3 / 3, betas (0.9, 0.95))"
-)
-
-LION_FACTOR = 3
-"""Lion's lr is AdamW's / 3 and its weight decay AdamW's * 3 (the paper: 3-10x), lr*wd kept."""
-
-LION_SMALL_BETAS = (0.9, 0.95)
-"""Lion's betas for N <= 1e8 (GPT-NeoX's small-LM configuration): a short momentum memory."""
-
-LION_LM_BETAS = (0.95, 0.98)
-"""Lion's betas for larger language models (the paper's language-model runs)."""
 
 SMALL_PRETRAINING_LR = 1e-3
 """Pretraining lr for N <= 1e8 (below GPT-3's smallest model)."""
@@ -151,9 +117,6 @@ A known task without a rule here falls back to the size rules (plugins may
 have rules for it); a name outside this list is a typo, refused with a
 did-you-mean."""
 
-MUON_TASKS = frozenset({"text-generation"})
-"""Tasks (besides none) the pretraining Muon rule answers: Moonlight's evidence is causal LMs."""
-
 STAGE_UNKNOWN = (
     "stage unknown, assumed fine-tuning (pass stage='pretraining' to train from scratch)"
 )
@@ -184,19 +147,18 @@ def pretraining_lr(n: int | None) -> tuple[float, str]:
 
 
 def pretraining_rules(request: SelectionRequest) -> list[Candidate]:
-    """The pretraining candidates: AdamW by size, Muon (for causal LMs or no task), and Lion.
+    """The pretraining candidate: AdamW by size.
 
     Args:
         request: a request with ``stage == "pretraining"``.
 
     Returns:
-        The AdamW candidate, the Muon candidate when the task allows it, and
-        the Lion candidate.
+        The AdamW candidate.
     """
     n = request.num_parameters
     lr, source = pretraining_lr(n)
     adamw = {"lr": lr, "betas": PRETRAINING_BETAS, "weight_decay": PRETRAINING_WEIGHT_DECAY}
-    found = [
+    return [
         Candidate(
             "adamw",
             adamw,
@@ -206,61 +168,6 @@ def pretraining_rules(request: SelectionRequest) -> list[Candidate]:
             rule="pretraining:adamw",
         )
     ]
-    if request.task is None or request.task in MUON_TASKS:
-        muon = {
-            "lr": lr,
-            "weight_decay": PRETRAINING_WEIGHT_DECAY,
-            "adjust_lr": "match_rms_adamw",
-            "aux_lr": lr,
-            "aux_betas": PRETRAINING_BETAS,
-            "aux_weight_decay": PRETRAINING_WEIGHT_DECAY,
-        }
-        found.append(
-            Candidate(
-                "muon",
-                muon,
-                MUON_SCORE,
-                f"pretraining, N={_count(n)}: Muon with AdamW's lr ({lr:g}, from {source}) and "
-                "weight decay 0.1, update RMS matched to 0.2 (adjust_lr='match_rms_adamw'), "
-                f"from {MOONLIGHT}; "
-                "embeddings, head and norms go to its auxiliary AdamW; pass named_parameters()",
-                rule="pretraining:muon",
-            )
-        )
-    found.append(lion_pretraining_rule(n, lr, source))
-    return found
-
-
-def lion_pretraining_rule(n: int | None, adamw_lr: float, source: str) -> Candidate:
-    """Lion for pretraining: AdamW's lr / 3 and weight decay * 3, betas by size.
-
-    Args:
-        n: the parameter count, or None (treated as small).
-        adamw_lr: the pretraining AdamW lr for this size.
-        source: where that lr comes from.
-
-    Returns:
-        The candidate (score :data:`LION_SCORE`): betas (0.9, 0.95) for
-        N <= 1e8 or unknown, (0.95, 0.98) beyond.
-    """
-    lr = float(f"{adamw_lr / LION_FACTOR:.3g}")
-    weight_decay = round(PRETRAINING_WEIGHT_DECAY * LION_FACTOR, 6)
-    small = n is None or n <= SMALL_PRETRAINING_N
-    betas, betas_source = (
-        (LION_SMALL_BETAS, f"N <= 1e8: {NEOX_LION}")
-        if small
-        else (LION_LM_BETAS, f"N > 1e8: {LION}, language-model runs")
-    )
-    return Candidate(
-        "lion",
-        {"lr": lr, "betas": betas, "weight_decay": weight_decay},
-        LION_SCORE,
-        f"pretraining, N={_count(n)}: Lion at AdamW's lr / {LION_FACTOR} ({lr:g}; AdamW's "
-        f"{adamw_lr:g} from {source}) and weight decay x {LION_FACTOR} ({weight_decay:g}), "
-        f"from {LION}: lr 3-10x smaller, weight decay 3-10x larger than AdamW's; "
-        f"betas {betas} from {betas_source}",
-        rule="pretraining:lion",
-    )
 
 
 def finetuning_size_rule(request: SelectionRequest) -> Candidate:

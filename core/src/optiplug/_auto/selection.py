@@ -32,6 +32,7 @@ from .model_config import (
     resolve_pretrained,
     task_from_architectures,
 )
+from .rules import pretraining_lr
 
 if TYPE_CHECKING:
     import torch
@@ -370,6 +371,22 @@ class AutoOptimizer:
         elif isinstance(schedule, Mapping):
             schedule = registry.schedule(**schedule)
         return attrs.evolve(selection, schedule=schedule)
+
+    @staticmethod
+    def pretraining_lr(num_parameters: int | None) -> tuple[float, str]:
+        """AdamW's pretraining lr for a model of this size, and where it comes from.
+
+        What the built-in ``pretraining:adamw`` rule proposes; a plugin's
+        pretraining rule may scale its own lr from it.
+
+        Args:
+            num_parameters: the parameter count, or None (treated as small).
+
+        Returns:
+            ``(lr, source)``: 1e-3 up to 1e8 parameters (nanoGPT), else the row
+            of GPT-3's Table 2.1 for the smallest model at least as large.
+        """
+        return pretraining_lr(num_parameters)
 
     @classmethod
     def explain(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Candidate",
     "CommandSpec",
+    "ELEMENTWISE",
+    "HFName",
     "ImplementationSpec",
     "OptimizerSpec",
     "Origin",
@@ -28,6 +30,9 @@ __all__ = [
     "StateSlot",
     "summary_of",
 ]
+
+ELEMENTWISE = "elementwise"
+"""The capability tag of an element-wise step (see :attr:`OptimizerSpec.capabilities`)."""
 
 PLUGIN_STATUSES = ("active", "disabled", "unavailable", "failed", "incompatible")
 
@@ -203,6 +208,40 @@ class ImplementationSpec:
 
 
 @attrs.frozen
+class HFName:
+    """A Hugging Face ``TrainingArguments(optim=...)`` name an algorithm serves.
+
+    :mod:`optiplug.integrations.transformers` serves each name by the
+    algorithms that declare it (:attr:`OptimizerSpec.hf_names`), the highest
+    :attr:`priority` first among those installed.
+
+    Attributes:
+        optim: the name (``"adamw_torch_fused"``).
+        impl: the implementation it forces, or None to choose.
+        caveat: how the algorithm differs from what the name means in
+            transformers, warned when it is taken; "" when it is the same.
+        priority: among the algorithms declaring ``optim``: higher first
+            (a fallback declares a negative one).
+    """
+
+    STATE_32: ClassVar[str] = (
+        "optiplug keeps this optimizer's state in 32 bits, not bitsandbytes' 8-bit state"
+    )
+    """The caveat of an 8-bit name served with 32-bit state."""
+    UNPAGED: ClassVar[str] = "optiplug's state is not paged to host memory"
+    """The caveat of a paged name."""
+
+    optim: str
+    impl: str | None = None
+    caveat: str = ""
+    priority: int = 0
+
+
+def _to_hf_names(value: Iterable[HFName | str]) -> tuple[HFName, ...]:
+    return tuple(HFName(item) if isinstance(item, str) else item for item in value)
+
+
+@attrs.frozen
 class OptimizerSpec:
     """An optimizer algorithm a plugin provides.
 
@@ -223,7 +262,10 @@ class OptimizerSpec:
         capabilities: free-form tags (``"matrices"``, ``"sparse"``...). The tag
             ``"uses-registry"`` makes creation pass ``registry=`` (the
             creating registry) to ``factory``, for algorithms built from
-            other algorithms.
+            other algorithms; ``"elementwise"`` (:data:`ELEMENTWISE`) declares
+            a step that updates each element from that element alone (its
+            parameter, gradient and state slots), whose floor ``optiplug
+            bench`` measures as a copy of the bytes it moves.
         example_hparams: keywords that make a working example (the
             conformance checks add them, e.g. the required ``routes`` of
             ``multi``).
@@ -258,6 +300,8 @@ class OptimizerSpec:
             (a blockwise-quantized state needs thousands of elements).
         example_dtype: the parameter dtype the checks use (None:
             ``"float64"``); give the one the kernels support.
+        hf_names: the ``TrainingArguments(optim=...)`` names it serves
+            (:class:`HFName`; a plain string is a name served as it is).
     """
 
     name: str
@@ -280,6 +324,7 @@ class OptimizerSpec:
     create_graph: bool = False
     example_shape: tuple[int, ...] | None = attrs.field(default=None, converter=_to_shape)
     example_dtype: str | None = None
+    hf_names: tuple[HFName, ...] = attrs.field(default=(), converter=_to_hf_names)
 
     @property
     def hyperparameters(self) -> tuple[Hyperparameter, ...]:

@@ -1,14 +1,17 @@
 """An elementwise optimizer's step on low-precision state, generated in C from its update.
 
-A third-party elementwise optimizer gets what ``adamw`` has: one C pass per
+A third-party elementwise optimizer gets what a first-party one has: one C pass per
 parameter over the codec's blocks, each block's slots decoded into small
 buffers, the update applied element by element, and the slots encoded back
 (int8, int4) or rounded stochastically (bf16) with the codec's own tables
 and bits, so the result equals decoding, updating and encoding the whole
 tensors. The algorithm supplies only the update of one element, in C
 (:class:`StateKernelSource`); :func:`build_state_kernel` wraps it in the
-codec's loops (those of :mod:`.native_adam`) and builds it with
+codec's loops (:mod:`.native_blocks`) and builds it with
 :func:`optiplug.base.build_c_library`.
+
+An optimizer with a C step of its own written around those loops (a
+torch-backed one) declares it as its class's ``state_step``.
 """
 
 from __future__ import annotations
@@ -24,19 +27,16 @@ import torch
 
 from .._native import build_c_library, warn_unbuilt
 from ..errors import NativeBuildError
-from .codec import QuantizedState, group_precision, seed_term
-from .native_adam import _SOURCE as _CODEC_SOURCE
-from .native_adam import _dense_cpu_float, _fits, _slot_tables
-from .precision import CODE_BITS
+from .codec import QuantizedState, seed_term
+from .native_blocks import CODEC_C_SOURCE, c_step_applies, codec_tables
 
 __all__ = [
-    "SGD_STATE",
     "StateKernel",
     "StateKernelSource",
     "build_state_kernel",
-    "fused_sgd_step",
     "state_kernel_or_none",
 ]
+
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = frozenset({"param", "grad", "j", "count"})
@@ -98,7 +98,7 @@ class StateKernelSource:
         load = "".join(f"    float {n} = s{i}_[j];\n" for i, n in enumerate(self.slots))
         store = "".join(f"    s{i}_[j] = {n};\n" for i, n in enumerate(self.slots))
         buffers = ", ".join(f"buf[{i}]" for i in range(len(self.slots)))
-        return _CODEC_SOURCE + _TEMPLATE.format(
+        return CODEC_C_SOURCE + _TEMPLATE.format(
             fields=fields, scalars=scalars, pointers=pointers, load=load, store=store,
             update=self.update, slots=len(self.slots), buffers=buffers,
         )  # fmt: skip
@@ -192,14 +192,10 @@ class StateKernel:
                 ``state_precision``: slots stored in another one are for the
                 decoding path to convert); None takes the first slot's.
         """
-        if len(slots) != len(self.source.slots) or not _dense_cpu_float(param, grad):
-            return False
-        if not all(isinstance(slot, QuantizedState) for slot in slots):
+        if len(slots) != len(self.source.slots) or not isinstance(slots[0], QuantizedState):
             return False
         wanted = slots[0].precision if precision is None else precision
-        if wanted not in (*CODE_BITS, "bf16"):
-            return False
-        return all(_fits(slot, wanted, slot.signed, param) for slot in slots)
+        return c_step_applies(param, grad, slots, wanted)
 
     def step(
         self,
@@ -224,21 +220,17 @@ class StateKernel:
         if set(scalars) != set(self.source.scalars):
             raise ValueError(f"{self.source.name}: scalars {sorted(scalars)} are not "
                              f"{sorted(self.source.scalars)}")  # fmt: skip
-        precision = slots[0].precision
-        bits = 16 if precision == "bf16" else CODE_BITS[precision]
+        tables = [codec_tables(slot.precision, slot.signed, slot.linear) for slot in slots]
+        bits = tables[0].bits
         count = len(slots)
         empty = torch.empty(0)
-        tables = [_slot_tables(8 if bits == 16 else bits, slot.signed, slot.linear)
-                  for slot in slots]  # fmt: skip
         codes = [empty if bits == 16 else slot.codes for slot in slots]
         scales = [empty if bits == 16 else slot.scales for slot in slots]
         halves = [slot.codes if bits == 16 else empty for slot in slots]
         arrays = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in kind))
                   for kind in (codes, scales, halves)]  # fmt: skip
         seeds = (ctypes.c_uint32 * count)(*(seed_term(slot.writes + 1) for slot in slots))
-        table_pointers = (ctypes.c_void_p * count)(
-            *(ctypes.addressof(table.codes) for table in tables)
-        )
+        table_pointers = (ctypes.c_void_p * count)(*(table.address for table in tables))
         values = self._scalars_type(**{name: float(scalars[name]) for name in self.source.scalars})
         self._step(
             param.data_ptr(), grad.data_ptr(), param.numel(), bits, *arrays, seeds,
@@ -277,80 +269,4 @@ def state_kernel_or_none(source: StateKernelSource) -> StateKernel | None:
         return None
 
 
-# ------------------------------------------------------------------ torch's SGD
-SGD_STATE = StateKernelSource(
-    name="optiplug-sgd-state",
-    update="""
-float d = maximize != 0.0f ? -grad : grad;
-d = use_decay != 0.0f ? fmaf(param, decay, d) : d;
-const float b = fmaf(d, keep, momentum_buffer * momentum);
-momentum_buffer = b;
-param = fmaf(nesterov != 0.0f ? fmaf(b, momentum, d) : b, neg_lr, param);
-""",
-    slots=("momentum_buffer",),
-    scalars=("neg_lr", "momentum", "keep", "decay", "maximize", "nesterov", "use_decay"),
-)
-"""torch's single-tensor SGD step of one element: weight decay, the buffer's update and
-the parameter's with fused multiply-adds, as ATen's ``add(alpha=)`` computes them."""
-
-
-def fused_sgd_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
-    """One SGD step of ``param`` on its int8/int4/bf16 momentum buffer in place, when it applies.
-
-    The step is torch's single-tensor one (``maximize``, weight decay,
-    ``dampening``, ``nesterov``) by :data:`SGD_STATE`; the buffer's
-    ``writes`` grows by one, as a store does. Without momentum there is no
-    state, and the torch step runs.
-
-    Args:
-        optimizer: a ``torch.optim.SGD`` whose state is low precision.
-        group: ``param``'s group (its hyperparameters are read).
-        param: the parameter, with a gradient.
-
-    Returns:
-        False, having changed nothing, when the C step does not apply (the
-        group's implementation is not ``fused``, an option it lacks, no
-        momentum buffer stored in the group's precision yet, a parameter
-        :meth:`StateKernel.applies` refuses, no compiler); True when it
-        stepped.
-    """
-    if torch.compiler.is_compiling() or not _plain_sgd_group(optimizer, group):
-        return False
-    state = optimizer.state.get(param)
-    slots = [state.get("momentum_buffer")] if state else []
-    kernel = state_kernel_or_none(SGD_STATE)
-    grad = param.grad
-    if (
-        kernel is None
-        or grad is None
-        or not kernel.applies(param, grad, slots, group_precision(group))
-    ):
-        return False
-    kernel.step(param, grad, slots, _sgd_scalars(group))
-    return True
-
-
-def _plain_sgd_group(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
-    """Whether ``group`` runs the fused implementation with momentum and plain-number options."""
-    if not group.get("fused") or group.get("differentiable"):
-        return False
-    if getattr(optimizer, "grad_scale", None) is not None:
-        return False
-    if getattr(optimizer, "found_inf", None) is not None:
-        return False
-    scalars = [group.get(key) for key in ("lr", "momentum", "dampening", "weight_decay")]
-    return all(isinstance(value, (int, float)) for value in scalars) and group["momentum"] != 0
-
-
-def _sgd_scalars(group: dict[str, Any]) -> dict[str, float]:
-    """:data:`SGD_STATE`'s scalars: what torch's single-tensor SGD passes to ATen (flags 0 or 1)."""
-    decay = float(group["weight_decay"])
-    return {
-        "neg_lr": -float(group["lr"]),
-        "momentum": float(group["momentum"]),
-        "keep": 1 - float(group["dampening"]),
-        "decay": decay,
-        "maximize": float(bool(group.get("maximize"))),
-        "nesterov": float(bool(group.get("nesterov"))),
-        "use_decay": float(decay != 0),
-    }
+state_kernel_or_none.__module__ = "optiplug.base"  # public there (the plugin toolkit)

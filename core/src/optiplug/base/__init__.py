@@ -62,10 +62,22 @@ from .._state.codec import (
     LOW_RANK,
     QuantizedState,
     convert_state,
+    group_precision,
     step_in_state_precision,
 )
-from .._state.native_adam import fused_adam_step
-from .._state.native_state import StateKernel, StateKernelSource, build_state_kernel, fused_sgd_step
+from .._state.native_blocks import (
+    CODEC_C_SOURCE,
+    c_library_or_none,
+    c_step_applies,
+    codec_tables,
+    seed_term,
+)
+from .._state.native_state import (
+    StateKernel,
+    StateKernelSource,
+    build_state_kernel,
+    state_kernel_or_none,
+)
 from ._calls import caller_stacklevel, closure_loss, warn_at_caller
 from ._construction import (
     choose_implementation,
@@ -87,6 +99,13 @@ from ._pipeline import (
 from ._torch_backed import TorchBackedOptimizer, torch_backed_optimizer
 
 __all__ = [
+    "CODEC_C_SOURCE",
+    "c_library_or_none",
+    "c_step_applies",
+    "codec_tables",
+    "group_precision",
+    "seed_term",
+    "state_kernel_or_none",
     "GROUP_META_KEYS",
     "LOW_RANK",
     "ClosureStep",
@@ -118,8 +137,6 @@ __all__ = [
     "external_implementations",
     "external_optimizer",
     "foreach_supported",
-    "fused_adam_step",
-    "fused_sgd_step",
     "fused_supported",
     "group_overrides",
     "named_param_groups",

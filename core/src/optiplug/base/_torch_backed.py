@@ -267,7 +267,7 @@ def torch_backed_optimizer(
     namespace: dict[str, Any] = {
         "algorithm": algorithm,
         "config_class": config_class,
-        "state_step": staticmethod(state_step) if state_step is not None else None,
+        "state_step": state_step,
         "__module__": module or sys._getframe(1).f_globals.get("__name__", __name__),
         "__qualname__": name,
         "__doc__": doc or f"{torch_class.__name__} with optiplug's contract ({algorithm}).",

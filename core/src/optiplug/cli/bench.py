@@ -31,7 +31,7 @@ import attrs
 from .._core.create import validated_hparams
 from .._core.env import env_flag
 from .._core.registry import Registry
-from .._core.specs import ImplementationSpec, OptimizerSpec
+from .._core.specs import ELEMENTWISE, ImplementationSpec, OptimizerSpec
 from .._text import format_table
 from ..errors import OptiplugError
 from .listing import format_bytes, parse_count, read_negative_values
@@ -60,9 +60,6 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 WARMUP_STEPS = 2
 """Untimed steps per implementation before the timed rounds."""
-
-_ELEMENTWISE = frozenset({"sgd", "adam", "adamw", "lion"})
-"""Algorithms whose step is element-wise, so that a copy of the same bytes is its floor."""
 
 _PICK_MARK = "*"
 
@@ -317,10 +314,10 @@ def bytes_per_parameter(
         itemsize: bytes per parameter element.
 
     Returns:
-        The bytes; None for an algorithm that is not element-wise (muon) or
-        declares no state layout.
+        The bytes; None for an algorithm whose spec does not declare the
+        ``"elementwise"`` capability (muon) or declares no state layout.
     """
-    if spec.name not in _ELEMENTWISE or spec.state_slots is None:
+    if ELEMENTWISE not in spec.capabilities or spec.state_slots is None:
         return None
     # read p and g, write p; read and write each state slot
     return 3 * itemsize + 2 * _state_bytes_per_parameter(spec, hparams, itemsize)

@@ -37,13 +37,14 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import torch
 from torch import nn
 from transformers import TrainingArguments
+from transformers.training_args import OptimizerNames
 
 from .. import _api
 from .._core.create import OptimizerFactory
@@ -60,8 +61,12 @@ __all__ = [
     "decay_parameter_names",
     "drive_fused_backward",
     "from_training_args",
+    "hf_optimizers",
     "optimizer_cls_and_kwargs",
 ]
+
+
+_Value = TypeVar("_Value")
 
 
 @attrs.frozen
@@ -97,125 +102,98 @@ class HFOptim:
     reason: str = ""
 
 
-_STATE_32 = "optiplug keeps this optimizer's state in 32 bits, not bitsandbytes' 8-bit state"
-_UNPAGED = "optiplug's state is not paged to host memory"
-_TORCHAO = "optiplug-torchao"
-_PTO = "optiplug-pytorch-optimizer"
-_SF = "optiplug-schedulefree"
+_UNSERVABLE = (
+    ("_xla", "it runs on XLA devices; optiplug runs on CPUs and CUDA"),
+    ("_npu_", "it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
+    ("_layerwise", "a layer-wise optimizer steps inside the backward pass, which the Trainer "
+     "drives itself"),
+)  # fmt: skip
+"""``(part, reason)``: why no plugin can serve a transformers name holding ``part``."""
+
+_UNDECLARED = "no plugin installed here declares it"
 
 
-def _served(*routes: HFRoute, by: tuple[str, ...] = ()) -> HFOptim:
-    return HFOptim(routes=routes, served_by=by)
+def hf_optimizers(registry: Registry | None = None) -> dict[str, HFOptim]:
+    """Every ``TrainingArguments.optim`` name of transformers -> how ``registry`` serves it.
+
+    A name is served by the algorithms whose specs declare it
+    (:attr:`optiplug.OptimizerSpec.hf_names`), the highest priority first;
+    a route with a caveat (32-bit state for a bitsandbytes name, no paging)
+    warns when taken. ``served_by`` names the distributions of the default
+    registry that declare it (what to install into another registry); a
+    name none declares says why.
+
+    Args:
+        registry: the registry to read; the default registry when None.
+    """
+    found = registry if registry is not None else _api.default_registry()
+    routes = _declared_routes(found)
+    served = _declared_routes(_api.default_registry()) if registry is not None else routes
+    return {
+        optim: HFOptim(
+            routes=tuple(route for *_, route in sorted(routes.get(optim, []), key=_rank)),
+            served_by=tuple(
+                dict.fromkeys(by for _, by, _ in sorted(served.get(optim, []), key=_rank))
+            ),
+            reason="" if optim in routes else _unserved_reason(optim),
+        )
+        for optim in dict.fromkeys([*(str(name.value) for name in OptimizerNames), *routes])
+    }
 
 
-def _unserved(reason: str) -> HFOptim:
-    return HFOptim(reason=reason)
+def _declared_routes(registry: Registry) -> dict[str, list[tuple[int, str, HFRoute]]]:
+    """``optim`` -> ``(-priority, distribution, route)`` for every name the specs declare."""
+    found: dict[str, list[tuple[int, str, HFRoute]]] = {}
+    for spec in registry.optimizer_specs():
+        provider = spec.provider
+        plugin = provider.plugin if provider is not None else ""
+        name = f"{plugin}:{spec.name}" if spec.origin is not None else registry.name_of(spec)
+        for hf in spec.hf_names:
+            route = HFRoute(name, hf.impl, hf.caveat)
+            by = provider.distribution if provider is not None else plugin
+            found.setdefault(hf.optim, []).append((-hf.priority, by, route))
+    return found
 
 
-HF_OPTIMIZERS: Mapping[str, HFOptim] = {
-    "adamw_torch": _served(HFRoute("adamw")),
-    "adamw_torch_fused": _served(HFRoute("adamw", "fused")),
-    "adamw_torch_xla": _unserved("it runs on XLA devices; optiplug runs on CPUs and CUDA"),
-    "adamw_torch_npu_fused": _unserved("it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
-    "adafactor": _served(HFRoute("pytorch_optimizer:adafactor"), by=(_PTO,)),
-    "adamw_anyprecision": _unserved(
-        "no plugin provides torchdistx's AnyPrecisionAdamW (Kahan-summed low-precision state)"
-    ),
-    "adamw_torch_4bit": _served(HFRoute("torchao:adamw4bit"), by=(_TORCHAO,)),
-    "adamw_torch_8bit": _served(HFRoute("torchao:adamw8bit"), by=(_TORCHAO,)),
-    "ademamix": _served(HFRoute("pytorch_optimizer:ademamix"), by=(_PTO,)),
-    "sgd": _served(HFRoute("sgd")),
-    "adagrad": _unserved("no plugin registers Adagrad"),
-    "adamw_bnb_8bit": _served(
-        HFRoute("torchao:adamw8bit", caveat="torchao's blockwise 8-bit state, not bitsandbytes'"),
-        HFRoute("adamw", caveat=_STATE_32),
-        by=(_TORCHAO,),
-    ),
-    "adamw_8bit": _served(
-        HFRoute("torchao:adamw8bit", caveat="torchao's blockwise 8-bit state, not bitsandbytes'"),
-        HFRoute("adamw", caveat=_STATE_32),
-        by=(_TORCHAO,),
-    ),
-    "ademamix_8bit": _served(HFRoute("pytorch_optimizer:ademamix", caveat=_STATE_32), by=(_PTO,)),
-    "lion_8bit": _served(HFRoute("lion", caveat=_STATE_32)),
-    "lion_32bit": _served(HFRoute("lion")),
-    "paged_adamw_32bit": _served(HFRoute("adamw", caveat=_UNPAGED)),
-    "paged_adamw_8bit": _served(
-        HFRoute("torchao:adamw8bit", caveat=_UNPAGED),
-        HFRoute("adamw", caveat=f"{_STATE_32}; {_UNPAGED}"),
-        by=(_TORCHAO,),
-    ),
-    "paged_ademamix_32bit": _served(
-        HFRoute("pytorch_optimizer:ademamix", caveat=_UNPAGED), by=(_PTO,)
-    ),
-    "paged_ademamix_8bit": _served(
-        HFRoute("pytorch_optimizer:ademamix", caveat=f"{_STATE_32}; {_UNPAGED}"), by=(_PTO,)
-    ),
-    "paged_lion_32bit": _served(HFRoute("lion", caveat=_UNPAGED)),
-    "paged_lion_8bit": _served(HFRoute("lion", caveat=f"{_STATE_32}; {_UNPAGED}")),
-    "rmsprop": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
-    "rmsprop_bnb": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
-    "rmsprop_bnb_8bit": _served(HFRoute("pytorch_optimizer:rmsprop", caveat=_STATE_32), by=(_PTO,)),
-    "rmsprop_bnb_32bit": _served(HFRoute("pytorch_optimizer:rmsprop"), by=(_PTO,)),
-    "galore_adamw": _served(
-        HFRoute(
-            "pytorch_optimizer:galore",
-            caveat="GaLore's projection settings (rank, update_proj_gap, scale) come from "
-            "from_training_args() keywords, not optim_target_modules",
-        ),
-        by=(_PTO,),
-    ),
-    "galore_adamw_8bit": _unserved("no plugin provides GaLore with 8-bit state"),
-    "galore_adafactor": _unserved("no plugin provides GaLore over Adafactor"),
-    "galore_adamw_layerwise": _unserved(
-        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
-    ),
-    "galore_adamw_8bit_layerwise": _unserved(
-        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
-    ),
-    "galore_adafactor_layerwise": _unserved(
-        "layer-wise GaLore steps inside the backward pass, which the Trainer drives itself"
-    ),
-    "lomo": _served(HFRoute("pytorch_optimizer:lomo"), by=(_PTO,)),
-    "adalomo": _served(HFRoute("pytorch_optimizer:adalomo"), by=(_PTO,)),
-    "grokadamw": _unserved("no plugin provides GrokAdamW (the grokadamw package)"),
-    "schedule_free_radam": _served(
-        HFRoute("schedulefree:radam_schedulefree"),
-        HFRoute("pytorch_optimizer:schedulefreeradam"),
-        by=(_SF, _PTO),
-    ),
-    "schedule_free_adamw": _served(
-        HFRoute("schedulefree:adamw_schedulefree"),
-        HFRoute("pytorch_optimizer:schedulefreeadamw"),
-        by=(_SF, _PTO),
-    ),
-    "schedule_free_sgd": _served(
-        HFRoute("schedulefree:sgd_schedulefree"),
-        HFRoute("pytorch_optimizer:schedulefreesgd"),
-        by=(_SF, _PTO),
-    ),
-    "apollo_adamw": _unserved("no plugin provides APOLLO (the apollo-torch package)"),
-    "apollo_adamw_layerwise": _unserved(
-        "layer-wise APOLLO steps inside the backward pass, which the Trainer drives itself"
-    ),
-    "stable_adamw": _served(HFRoute("pytorch_optimizer:stableadamw"), by=(_PTO,)),
-}
-"""Every ``TrainingArguments.optim`` name of transformers -> how optiplug serves it.
+def _rank(item: tuple[int, str, HFRoute]) -> tuple[int, str]:
+    """Higher priority first, then by distribution."""
+    return item[0], item[1]
 
-A name is served by the first of its routes whose algorithm is installed
-(first-party first, then the bridges: ``optiplug-torchao`` for the 8- and
-4-bit AdamW, ``optiplug-pytorch-optimizer`` for Adafactor, AdEMAMix, RMSprop,
-GaLore, LOMO and StableAdamW, ``optiplug-schedulefree`` for the schedule-free
-ones); a route with a caveat (32-bit state for a bitsandbytes name, no
-paging) warns when taken. A name none serves raises an error that names the
-distribution to install, or says why no plugin serves it.
-"""
 
-HF_OPTIM_NAMES: Mapping[str, tuple[str, str | None]] = {
-    optim: (entry.routes[0].name, entry.routes[0].impl)
-    for optim, entry in HF_OPTIMIZERS.items()
-    if entry.routes
-}
+def _unserved_reason(optim: str) -> str:
+    """Why no algorithm serves ``optim``."""
+    return next((why for part, why in _UNSERVABLE if part in optim), _UNDECLARED)
+
+
+class _DefaultTable(Mapping[str, _Value]):
+    """A read-only view of a table built from the default registry when read."""
+
+    def __init__(self, build: Callable[[], Mapping[str, _Value]]) -> None:
+        self._build = build
+
+    def __getitem__(self, key: str) -> _Value:
+        return self._build()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._build())
+
+    def __len__(self) -> int:
+        return len(self._build())
+
+
+def _preferred(registry: Registry | None = None) -> dict[str, tuple[str, str | None]]:
+    return {
+        optim: (entry.routes[0].name, entry.routes[0].impl)
+        for optim, entry in hf_optimizers(registry).items()
+        if entry.routes
+    }
+
+
+HF_OPTIMIZERS: Mapping[str, HFOptim] = _DefaultTable(hf_optimizers)
+"""Every ``TrainingArguments.optim`` name of transformers -> how the default registry
+serves it (:func:`hf_optimizers`): read when looked at, so it follows what is installed."""
+
+HF_OPTIM_NAMES: Mapping[str, tuple[str, str | None]] = _DefaultTable(_preferred)
 """``TrainingArguments.optim`` -> (its preferred optiplug algorithm, forced implementation or None)."""
 
 _NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
@@ -230,20 +208,19 @@ def _route(optim: str, registry: Registry) -> HFRoute:
             installed (the message names the distributions that serve it),
             or no plugin serves it (the message says why).
     """
-    entry = HF_OPTIMIZERS.get(optim)
+    table = hf_optimizers(registry)
+    entry = table.get(optim)
     if entry is not None:
         for route in entry.routes:
             if registry.has(route.name):
                 return route
     if entry is None:
         note = "transformers has no such name."
-    elif entry.routes:
+    elif entry.served_by:
         note = f"install {' or '.join(entry.served_by)}, whose plugin serves it."
     else:
         note = f"no optiplug plugin serves it: {entry.reason}."
-    served = [
-        name for name, e in HF_OPTIMIZERS.items() if any(registry.has(r.name) for r in e.routes)
-    ]
+    served = [name for name, e in table.items() if any(registry.has(r.name) for r in e.routes)]
     error = UnknownOptimizerError(optim, served, [note])
     error.message = f"TrainingArguments.optim={optim!r} is not supported: " + error.message
     raise error

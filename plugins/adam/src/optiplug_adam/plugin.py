@@ -76,5 +76,6 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=ADAM_STATE,
             implementations=optiplug.torch_implementations("adam", _TARGET),
+            capabilities={"elementwise"},
         )
     ]

@@ -48,6 +48,19 @@ class AdamWConfig(AdamConfig):
 
 ADAMW_STATE = ADAM_STATE
 
+_STATE_32, _UNPAGED = optiplug.HFName.STATE_32, optiplug.HFName.UNPAGED
+
+HF_NAMES = (
+    optiplug.HFName("adamw_torch"),
+    optiplug.HFName("adamw_torch_fused", impl="fused"),
+    optiplug.HFName("paged_adamw_32bit", caveat=_UNPAGED),
+    # fallbacks for the 8-bit names, below a plugin with 8-bit state
+    optiplug.HFName("adamw_bnb_8bit", caveat=_STATE_32, priority=-1),
+    optiplug.HFName("adamw_8bit", caveat=_STATE_32, priority=-1),
+    optiplug.HFName("paged_adamw_8bit", caveat=f"{_STATE_32}; {_UNPAGED}", priority=-1),
+)
+"""The ``TrainingArguments(optim=...)`` names ``adamw`` serves."""
+
 
 @optiplug.hookimpl
 def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
@@ -63,5 +76,7 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=ADAMW_STATE,
             implementations=optiplug.torch_implementations("adamw", _TARGET),
+            hf_names=HF_NAMES,
+            capabilities={"elementwise"},
         )
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import optiplug
 
 from .config import LION_STATE, LionConfig
+from .rule import pretraining_rule
 
 OPTIPLUG_API = 1
 
@@ -20,6 +21,16 @@ IMPLEMENTATIONS: dict[str, tuple[int, str]] = {
     "loop": (0, "per-tensor torch ops"),
 }
 """name -> (priority when not measured, description); the class's tables read it too."""
+
+_STATE_32, _UNPAGED = optiplug.HFName.STATE_32, optiplug.HFName.UNPAGED
+
+HF_NAMES = (
+    optiplug.HFName("lion_32bit"),
+    optiplug.HFName("lion_8bit", caveat=_STATE_32),
+    optiplug.HFName("paged_lion_32bit", caveat=_UNPAGED),
+    optiplug.HFName("paged_lion_8bit", caveat=f"{_STATE_32}; {_UNPAGED}"),
+)
+"""The ``TrainingArguments(optim=...)`` names ``lion`` serves."""
 
 _SUPPORTS = {
     "fused": "optiplug_lion.optimizer:fused_supported",
@@ -62,5 +73,15 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=LION_STATE,
             implementations=lion_implementations(),
+            hf_names=HF_NAMES,
+            capabilities={"elementwise"},
         )
     ]
+
+
+@optiplug.hookimpl
+def optiplug_select_optimizer(
+    request: optiplug.SelectionRequest,
+) -> list[optiplug.Candidate]:
+    """Propose lion for pretraining (:func:`~optiplug_lion.rule.pretraining_rule`)."""
+    return pretraining_rule(request)

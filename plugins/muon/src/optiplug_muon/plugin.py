@@ -9,7 +9,10 @@ from .config import MUON_STATE, NORMUON_STATE, MuonConfig, NorMuonConfig
 OPTIPLUG_API = 1
 
 PRETRAINING_SCORE = 30.0
-"""Outranks the core's task rules (20) for causal-LM pretraining only."""
+"""Outranks the core's pretraining AdamW rule (20) and the lion plugin's (15)."""
+
+PRETRAINING_TASKS = frozenset({None, "text-generation"})
+"""The tasks the pretraining rule answers: causal LMs, and a request that names none."""
 
 
 @optiplug.hookimpl
@@ -47,11 +50,16 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
 def optiplug_select_optimizer(
     request: optiplug.SelectionRequest,
 ) -> list[optiplug.Candidate]:
-    """Propose muon (at its defaults) for causal-LM pretraining; nothing otherwise."""
-    if request.task != "text-generation" or request.stage != "pretraining":
+    """Propose muon at its defaults for pretraining (causal LMs, or no task named).
+
+    Never for fine-tuning or an unknown stage: Moonlight (Liu et al. 2025)
+    reports Muon fine-tuning of AdamW-pretrained models as mixed.
+    """
+    if request.stage != "pretraining" or request.task not in PRETRAINING_TASKS:
         return []
     reason = (
-        "causal-LM pretraining: Muon trains the hidden matrices in fewer steps than AdamW "
+        ("causal-LM " if request.task else "")
+        + "pretraining: Muon trains the hidden matrices in fewer steps than AdamW "
         "(embeddings, head and norms go to its auxiliary AdamW); lr 0.02, momentum 0.95, "
         "Nesterov, 5 Newton-Schulz steps as in Jordan et al. 2024, 'Muon: An optimizer for "
         "hidden layers in neural networks'; pass named_parameters()"

@@ -15,6 +15,39 @@ OPTIPLUG_API = 1
 PLUGIN = "pytorch_optimizer"
 """The entry-point name: qualified names are ``pytorch_optimizer:<name>``."""
 
+_STATE_32, _UNPAGED = optiplug.HFName.STATE_32, optiplug.HFName.UNPAGED
+_BELOW_SCHEDULEFREE = -1  # the schedulefree library's own classes serve these names first
+
+HF_NAMES: dict[str, tuple[optiplug.HFName, ...]] = {
+    "adafactor": (optiplug.HFName("adafactor"),),
+    "ademamix": (
+        optiplug.HFName("ademamix"),
+        optiplug.HFName("ademamix_8bit", caveat=_STATE_32),
+        optiplug.HFName("paged_ademamix_32bit", caveat=_UNPAGED),
+        optiplug.HFName("paged_ademamix_8bit", caveat=f"{_STATE_32}; {_UNPAGED}"),
+    ),
+    "rmsprop": (
+        optiplug.HFName("rmsprop"),
+        optiplug.HFName("rmsprop_bnb"),
+        optiplug.HFName("rmsprop_bnb_8bit", caveat=_STATE_32),
+        optiplug.HFName("rmsprop_bnb_32bit"),
+    ),
+    "galore": (
+        optiplug.HFName(
+            "galore_adamw",
+            caveat="GaLore's projection settings (rank, update_proj_gap, scale) come from "
+            "from_training_args() keywords, not optim_target_modules",
+        ),
+    ),
+    "lomo": (optiplug.HFName("lomo"),),
+    "adalomo": (optiplug.HFName("adalomo"),),
+    "schedulefreeradam": (optiplug.HFName("schedule_free_radam", priority=_BELOW_SCHEDULEFREE),),
+    "schedulefreeadamw": (optiplug.HFName("schedule_free_adamw", priority=_BELOW_SCHEDULEFREE),),
+    "schedulefreesgd": (optiplug.HFName("schedule_free_sgd", priority=_BELOW_SCHEDULEFREE),),
+    "stableadamw": (optiplug.HFName("stable_adamw"),),
+}
+"""The ``TrainingArguments(optim=...)`` names each catalogue entry serves, by its name."""
+
 
 def class_name(entry: Entry) -> str:
     """The wrapper's name in :mod:`optiplug_pytorch_optimizer.optimizers` (the library's class name)."""
@@ -102,6 +135,7 @@ def spec_of(entry: Entry) -> optiplug.OptimizerSpec:
         train_eval=entry.train_eval,
         example_hparams=entry.example_hparams,
         example_dtype=entry.example_dtype,
+        hf_names=HF_NAMES.get(entry.name, ()),
     )
 
 

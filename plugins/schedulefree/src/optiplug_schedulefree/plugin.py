@@ -13,6 +13,13 @@ _MODULE = "optiplug_schedulefree.optimizers"
 _PRIORITY = {"foreach": 1, "loop": 0}
 _PLUGIN = "schedulefree"  # the entry-point name: this distribution's qualified names
 
+HF_NAMES = {
+    "radam_schedulefree": "schedule_free_radam",
+    "adamw_schedulefree": "schedule_free_adamw",
+    "sgd_schedulefree": "schedule_free_sgd",
+}
+"""Catalogue name -> the ``TrainingArguments(optim=...)`` name it serves."""
+
 
 def _target(item: Entry) -> str:
     if item.cls.startswith("ScheduleFreeWrapper"):
@@ -61,6 +68,7 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
         train_eval=item.train_eval,
         step_closure=item.step_closure,
         example_hparams=item.example_hparams,
+        hf_names=(HF_NAMES[item.name],) if item.name in HF_NAMES else (),
     )
 
 

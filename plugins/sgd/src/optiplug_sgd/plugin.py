@@ -72,5 +72,7 @@ def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
             ),
             state_slots=SGD_STATE,
             implementations=optiplug.torch_implementations("sgd", _TARGET),
+            hf_names=("sgd",),
+            capabilities={"elementwise"},
         )
     ]

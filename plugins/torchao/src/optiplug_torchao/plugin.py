@@ -11,6 +11,19 @@ OPTIPLUG_API = 1
 
 _MODULE = "optiplug_torchao.optimizers"
 
+_BLOCKWISE = "torchao's blockwise 8-bit state, not bitsandbytes'"
+
+HF_NAMES: dict[str, tuple[optiplug.HFName, ...]] = {
+    "adamw4bit": (optiplug.HFName("adamw_torch_4bit"),),
+    "adamw8bit": (
+        optiplug.HFName("adamw_torch_8bit"),
+        optiplug.HFName("adamw_bnb_8bit", caveat=_BLOCKWISE),
+        optiplug.HFName("adamw_8bit", caveat=_BLOCKWISE),
+        optiplug.HFName("paged_adamw_8bit", caveat=optiplug.HFName.UNPAGED),
+    ),
+}
+"""The ``TrainingArguments(optim=...)`` names each catalogue entry serves, by its name."""
+
 
 def _factory(item: Entry) -> optiplug.LazyCallable:
     if item.name == "cpu_offload":
@@ -42,6 +55,7 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
         ),
         example_shape=item.example_shape,
         example_dtype=item.example_dtype,
+        hf_names=HF_NAMES.get(item.name, ()),
     )
 
 

@@ -1,7 +1,7 @@
 """Adam and AdamW steps on int8, int4 or bf16 state in one C pass over the blocks.
 
 :func:`fused_adam_step` updates one float32 parameter whose ``exp_avg`` and
-``exp_avg_sq`` are int8 or int4 :class:`~optiplug._state.codec.QuantizedState`
+``exp_avg_sq`` are int8 or int4 :class:`~optiplug.base.QuantizedState`
 slots without decoding them to whole tensors: each block of the codec (256
 elements for int8, 128 for int4) is decoded into a small float buffer, the
 step of torch's single-tensor Adam is applied to the parameter and both
@@ -10,10 +10,9 @@ encoded back into their codes and scales in place. Everything a block needs
 stays in L1, and each loop over a block vectorizes; with AVX-512 the int8
 and int4 tables are looked up in registers (permutes) rather than gathered.
 
-The codes follow the codec's decade rule exactly (:mod:`.code_rule`, the C
-of :data:`~optiplug._state.native_codec.RULE_SOURCE`): a few float32
-operations per value and, with AVX-512, its per-decade constants read from
-registers, with no search and no gather.
+The codes follow the codec's decade rule exactly: the block loops
+(decoding, block scales, encoding, bf16 rounding) are the codec's own,
+:data:`optiplug.base.CODEC_C_SOURCE`, which every C state step shares.
 
 The arithmetic is float32 per element with the scalars computed in double,
 as torch's ``_single_tensor_adam`` does, and rounds as ATen's vectorized
@@ -27,12 +26,11 @@ torch's intra-op thread count.
 
 bf16 moments take the same pass over blocks of 256 elements: decoded by a
 shift, stepped by the same arithmetic, and rounded stochastically on write
-with the codec's hashed bits (:func:`~optiplug._state.codec.seed_term`), the
-same bits its torch path draws for that write.
+with the codec's hashed bits (:func:`optiplug.base.seed_term`), the same
+bits its torch path draws for that write.
 
-The codec's loops here (decoding, block scales, encoding, bf16 rounding) are
-also what :mod:`.native_state` wraps around an elementwise optimizer's own
-update (SGD's among them).
+``Adam`` and ``optiplug_adamw``'s ``AdamW`` declare :func:`fused_adam_step`
+as their ``state_step``.
 """
 
 from __future__ import annotations
@@ -43,129 +41,26 @@ from typing import Any
 
 import torch
 
-from .._native import NativeLibrary, build_c_library, warn_unbuilt
-from ..errors import NativeBuildError
-from .codec import QuantizedState, _table, group_precision, seed_term
-from .native_codec import RULE_SOURCE, RuleStructure, rule_structure
-from .precision import BLOCK_SIZES, CODE_BITS
+from optiplug.base import (
+    CODEC_C_SOURCE,
+    NativeLibrary,
+    QuantizedState,
+    c_library_or_none,
+    c_step_applies,
+    codec_tables,
+    group_precision,
+    seed_term,
+)
 
 __all__ = ["NativeAdam", "fused_adam_step", "native_adam"]
 
 _SOURCE = (
-    RULE_SOURCE
+    CODEC_C_SOURCE
     + r"""
-typedef struct {
-  const float *table;         /* the decoded values, 2**bits */
-  const uint8_t *planes;      /* 8 bits: byte k of every value, then byte k + 1: 4 x 256 bytes */
-  const optiplug_rule *rule;  /* the code of a value (see code_rule) */
-  int32_t half;               /* a signed table's first non-negative code; 0: unsigned */
-} optiplug_codes;
-
 typedef struct {
   float neg_step, bc2_sqrt, eps, weight1, beta2, one_minus_beta2, l2, decay;
   int32_t maximize, use_l2, use_decay;
 } optiplug_adam;
-
-/* out[j] = table[index[j]] * scale for a 16-value table, from registers where there are
-   vector permutes (a gather costs more than the whole lookup). */
-static inline void lookup16(const uint8_t *restrict index, int block, float scale,
-                            const float *restrict table, float *restrict out) {
-#if defined(__AVX512F__)
-  const __m512 values = _mm512_loadu_ps(table), by = _mm512_set1_ps(scale);
-  for (int j = 0; j < block; j += 16) {
-    const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(index + j)));
-    _mm512_storeu_ps(out + j, _mm512_mul_ps(_mm512_permutexvar_ps(at, values), by));
-  }
-#elif defined(__AVX2__)
-  const __m256 low = _mm256_loadu_ps(table), high = _mm256_loadu_ps(table + 8);
-  const __m256 by = _mm256_set1_ps(scale);
-  for (int j = 0; j < block; j += 8) {
-    const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(index + j)));
-    const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(at, 28)); /* bit 3 as the sign */
-    const __m256 found = _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, at),
-                                          _mm256_permutevar8x32_ps(high, at), upper);
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(found, by));
-  }
-#else
-  for (int j = 0; j < block; j++) out[j] = table[index[j]] * scale;
-#endif
-}
-
-/* out[j] = table[codes[j]] * scale for a 256-value table: with AVX-512, from registers
-   (eight two-register permutes by the low 5 bits, then the high 3 bits pick), since GCC
-   emulates a gather with scalar loads here. */
-static inline void lookup256(const uint8_t *restrict codes, int block, float scale,
-                             const float *restrict table, float *restrict out) {
-#if defined(__AVX512F__)
-  __m512 t[16];
-  for (int k = 0; k < 16; k++) t[k] = _mm512_loadu_ps(table + 16 * k);
-  const __m512 by = _mm512_set1_ps(scale);
-  for (int j = 0; j < block; j += 16) {
-    const __m512i at = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + j)));
-    __m512 part[8];
-    for (int k = 0; k < 8; k++) part[k] = _mm512_permutex2var_ps(t[2 * k], at, t[2 * k + 1]);
-    for (int bit = 5, width = 8; bit < 8; bit++, width /= 2) {
-      const __mmask16 high = _mm512_test_epi32_mask(at, _mm512_set1_epi32(1 << bit));
-      for (int k = 0; k < width / 2; k++)
-        part[k] = _mm512_mask_blend_ps(high, part[2 * k], part[2 * k + 1]);
-    }
-    _mm512_storeu_ps(out + j, _mm512_mul_ps(part[0], by));
-  }
-#else
-  for (int j = 0; j < block; j++) out[j] = table[codes[j]] * scale;
-#endif
-}
-
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-/* lookup256 for 64 codes at a time (block a multiple of 64): each byte of the values is
-   looked up in its own 256-byte plane by byte permutes, and the four bytes interleaved. The
-   codes are first put where the interleaving (within 128-bit lanes) reads them in order. */
-static inline void lookup256_bytes(const uint8_t *restrict codes, int block, float scale,
-                                   const uint8_t *restrict planes, float *restrict out) {
-  __m512i t[16];
-  for (int k = 0; k < 16; k++) t[k] = _mm512_loadu_si512(planes + 64 * k);
-  uint8_t order[64];
-  for (int q = 0; q < 64; q++) order[q] = (uint8_t)(16 * ((q >> 2) & 3) + 4 * (q >> 4) + (q & 3));
-  const __m512i arranged = _mm512_loadu_si512(order);
-  const __m512 by = _mm512_set1_ps(scale);
-  for (int j = 0; j < block; j += 64) {
-    const __m512i at = _mm512_permutexvar_epi8(arranged, _mm512_loadu_si512(codes + j));
-    const __mmask64 high = _mm512_movepi8_mask(at);
-    __m512i b[4];
-    for (int k = 0; k < 4; k++)
-      b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(t[4 * k], at, t[4 * k + 1]),
-                                    _mm512_permutex2var_epi8(t[4 * k + 2], at, t[4 * k + 3]));
-    const __m512i low01 = _mm512_unpacklo_epi8(b[0], b[1]), high01 = _mm512_unpackhi_epi8(b[0], b[1]);
-    const __m512i low23 = _mm512_unpacklo_epi8(b[2], b[3]), high23 = _mm512_unpackhi_epi8(b[2], b[3]);
-    const __m512i value[4] = {_mm512_unpacklo_epi16(low01, low23), _mm512_unpackhi_epi16(low01, low23),
-                              _mm512_unpacklo_epi16(high01, high23),
-                              _mm512_unpackhi_epi16(high01, high23)};
-    for (int k = 0; k < 4; k++)
-      _mm512_storeu_ps(out + j + 16 * k, _mm512_mul_ps(_mm512_castsi512_ps(value[k]), by));
-  }
-}
-#endif
-
-static inline void decode(const uint8_t *restrict codes, int bits, int block, float scale,
-                          const optiplug_codes *c, float *restrict out) {
-  const float *restrict table = c->table;
-  if (bits == 8) {
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-    if (block % 64 == 0) {
-      lookup256_bytes(codes, block, scale, c->planes, out);
-      return;
-    }
-#endif
-    lookup256(codes, block, scale, table, out);
-  } else {
-    uint8_t nibbles[256];
-    for (int j = 0; j < block / 2; j++) {
-      nibbles[2 * j] = codes[j] & 15;
-      nibbles[2 * j + 1] = codes[j] >> 4;
-    }
-    lookup16(nibbles, block, scale, table, out);
-  }
-}
 
 /* sqrtf of a block (a multiple of 16) in vector instructions: a loop calling sqrtf is not
    vectorized by GCC while sqrtf may set errno. The same correctly rounded square roots. */
@@ -204,33 +99,6 @@ static inline void update(float *restrict p, const float *restrict g, int count,
   float root[256];
   sqrt_block(v, root, block);
   for (int j = 0; j < count; j++) p[j] = p[j] + neg_step * m[j] / (root[j] / bc2 + eps);
-}
-
-/* A block scale from the largest magnitude's bits: NaN if they are a NaN's. */
-static inline float scale_of_top(uint32_t top) { return top > 0x7f800000u ? NAN : float_of(top); }
-
-/* The block's scale: its absolute maximum, NaN if it holds one (by the bits: |x| orders as
-   an unsigned integer and every NaN is above inf). */
-static inline float block_scale(const float *restrict x, int block) {
-  uint32_t top = 0;
-  for (int j = 0; j < block; j++) {
-    const uint32_t u = bits_of(x[j]) & 0x7fffffffu;
-    top = u > top ? u : top;
-  }
-  return scale_of_top(top);
-}
-
-static inline void encode(const float *restrict x, int bits, int block, float scale,
-                          const optiplug_codes *c, uint8_t *restrict codes) {
-  const float divisor = scale != scale ? scale : (scale < FLT_MIN ? FLT_MIN : scale);
-  uint8_t local[256];
-  block_codes(x, block, 1.0f / divisor, c->rule, c->half, local);
-  if (bits == 8) {
-    memcpy(codes, local, (size_t)block);
-  } else {
-    for (int j = 0; j < block / 2; j++)
-      codes[j] = (uint8_t)(local[2 * j] | (local[2 * j + 1] << 4));
-  }
 }
 
 #if defined(__AVX512F__)
@@ -308,25 +176,6 @@ void optiplug_adam_encode(const float *restrict x, int64_t n, int bits, uint8_t 
   }
 }
 
-/* bf16 state: 16 bits hashed from the element's index and the slot's write count, added
-   below the kept ones before truncating (the codec's stochastic rounding, bit for bit:
-   MurmurHash3's finaliser in int32 arithmetic, shifts arithmetic as torch's are). */
-static inline uint32_t noise16(uint32_t index, uint32_t seed_term) {
-  uint32_t h = index * 0x9E3779B1u + seed_term;
-  h ^= (uint32_t)((int32_t)h >> 16);
-  h *= 0x85EBCA6Bu;
-  h ^= (uint32_t)((int32_t)h >> 13);
-  h *= 0xC2B2AE35u;
-  return (h ^ (h >> 16)) & 0xffffu;
-}
-
-static inline uint16_t bf16_rounded(float x, uint32_t index, uint32_t seed_term) {
-  const uint32_t u = bits_of(x);
-  if ((u & 0x7f800000u) == 0x7f800000u)  /* inf keeps its bits, NaN is a quiet NaN */
-    return (u & 0x007fffffu) ? (uint16_t)0x7fc0u : (uint16_t)(u >> 16);
-  return (uint16_t)((u + noise16(index, seed_term)) >> 16);
-}
-
 void optiplug_adam_bf16_step(float *restrict p, const float *restrict g, int64_t n,
                              uint16_t *restrict m16, uint16_t *restrict v16, uint32_t m_seed,
                              uint32_t v_seed, const optiplug_adam *h, int threads) {
@@ -370,15 +219,7 @@ void optiplug_adam_step(float *restrict p, const float *restrict g, int64_t n, i
 }
 """
 )
-
-
-class _Codes(ctypes.Structure):
-    _fields_ = [
-        ("table", ctypes.c_void_p),
-        ("planes", ctypes.c_void_p),
-        ("rule", ctypes.POINTER(RuleStructure)),
-        ("half", ctypes.c_int32),
-    ]
+"""The codec's block loops and Adam's step around them."""
 
 
 class _Scalars(ctypes.Structure):
@@ -391,32 +232,13 @@ class _Scalars(ctypes.Structure):
 
 _POINTER = ctypes.c_void_p
 _ENCODE_ARGS: list[Any] = [_POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
-                           ctypes.POINTER(_Codes), ctypes.c_int]  # fmt: skip
+                           _POINTER, ctypes.c_int]  # fmt: skip
 _BF16_STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER,
                               ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(_Scalars),
                               ctypes.c_int]  # fmt: skip
 _STEP_ARGS: list[Any] = [_POINTER, _POINTER, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
-                         _POINTER, _POINTER, ctypes.POINTER(_Codes), ctypes.POINTER(_Codes),
+                         _POINTER, _POINTER, _POINTER, _POINTER,
                          ctypes.POINTER(_Scalars), ctypes.c_int]  # fmt: skip
-
-
-class _SlotTables:
-    """One code's tables for the C loop, kept alive with the structure pointing at them."""
-
-    def __init__(self, bits: int, signed: bool, linear: bool = False) -> None:
-        self.table = _table(bits, signed, torch.device("cpu"), linear).contiguous()
-        # byte k of every value, for k = 0..3 (little-endian: the low byte first)
-        self.planes = self.table.view(torch.uint8).view(-1, 4).t().contiguous()
-        self.rule = rule_structure(bits, signed, linear)
-        half = 1 << (bits - 1) if signed else 0
-        pointers = self.table.data_ptr(), self.planes.data_ptr()
-        self.codes = _Codes(*pointers, ctypes.pointer(self.rule), half)
-
-
-@functools.cache
-def _slot_tables(bits: int, signed: bool, linear: bool = False) -> _SlotTables:
-    """The cached tables of ``bits``, ``signed`` and ``linear``."""
-    return _SlotTables(bits, signed, linear)
 
 
 class NativeAdam:
@@ -444,13 +266,14 @@ class NativeAdam:
         Returns:
             ``(codes, scales)`` laid out as :class:`QuantizedState` keeps them.
         """
-        bits, block = CODE_BITS[precision], BLOCK_SIZES[precision]
+        tables = codec_tables(precision, signed, linear)
+        bits, block = tables.bits, tables.block
         blocks = -(-flat.numel() // block)
         codes = torch.empty(blocks * block * bits // 8, dtype=torch.uint8)
         scales = torch.empty(blocks, dtype=torch.float32)
         self._encode(
             flat.data_ptr(), flat.numel(), bits, codes.data_ptr(), scales.data_ptr(),
-            ctypes.byref(_slot_tables(bits, signed, linear).codes), torch.get_num_threads(),
+            tables.address, torch.get_num_threads(),
         )  # fmt: skip
         return codes, scales
 
@@ -480,14 +303,14 @@ class NativeAdam:
                 ctypes.byref(_Scalars(**scalars)), torch.get_num_threads(),
             )  # fmt: skip
             return
-        bits = CODE_BITS[exp_avg.precision]
-        first = _slot_tables(bits, True, exp_avg.linear)
-        second = _slot_tables(bits, False, exp_avg_sq.linear)
+        first = codec_tables(exp_avg.precision, True, exp_avg.linear)
+        second = codec_tables(exp_avg.precision, False, exp_avg_sq.linear)
+        bits = first.bits
         self._step(
             param.data_ptr(), grad.data_ptr(), param.numel(), bits,
             exp_avg.codes.data_ptr(), exp_avg.scales.data_ptr(),
             exp_avg_sq.codes.data_ptr(), exp_avg_sq.scales.data_ptr(),
-            ctypes.byref(first.codes), ctypes.byref(second.codes),
+            first.address, second.address,
             ctypes.byref(_Scalars(**scalars)), torch.get_num_threads(),
         )  # fmt: skip
 
@@ -495,11 +318,8 @@ class NativeAdam:
 @functools.cache
 def native_adam() -> NativeAdam | None:
     """The C step, built once per process; None without a C compiler or with it switched off."""
-    try:
-        return NativeAdam(build_c_library(_SOURCE, name="optiplug-adam"))
-    except NativeBuildError as error:
-        warn_unbuilt(str(error))
-        return None
+    library = c_library_or_none(_SOURCE, "optiplug-adam")
+    return None if library is None else NativeAdam(library)
 
 
 def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
@@ -560,62 +380,13 @@ def _moments(
 ) -> tuple[QuantizedState, QuantizedState] | None:
     """``(exp_avg, exp_avg_sq)`` when the C step can take them and ``param``, else None."""
     grad = param.grad
-    if "step" not in state or grad is None or not _dense_cpu_float(param, grad):
-        return None
     first, second = state.get("exp_avg"), state.get("exp_avg_sq")
-    precision = group_precision(group)
-    if precision not in CODE_BITS and precision != "bf16":
+    if "step" not in state or grad is None:
         return None
-    for slot, signed in ((first, True), (second, False)):
-        if not isinstance(slot, QuantizedState) or not _fits(slot, precision, signed, param):
-            return None
+    if not c_step_applies(param, grad, (first, second), group_precision(group), (True, False)):
+        return None
     assert isinstance(first, QuantizedState) and isinstance(second, QuantizedState)
     return first, second
-
-
-def _dense_cpu_float(param: torch.Tensor, grad: torch.Tensor) -> bool:
-    """Whether ``param`` and ``grad`` are contiguous dense float32 CPU tensors of one shape."""
-    return (
-        all(
-            tensor.device.type == "cpu"
-            and tensor.dtype == torch.float32
-            and tensor.layout == torch.strided
-            and tensor.is_contiguous()
-            and type(tensor) in (torch.Tensor, torch.nn.Parameter)
-            for tensor in (param, grad)
-        )
-        and grad.shape == param.shape
-    )
-
-
-def _fits(slot: QuantizedState, precision: str, signed: bool, param: torch.Tensor) -> bool:
-    """Whether ``slot`` is ``param``'s moment stored in ``precision`` with the ``signed`` table."""
-    if precision == "bf16":
-        return (
-            slot.precision == precision
-            and slot.shape == param.shape
-            and slot.dtype == torch.float32
-            and slot.codes.device.type == "cpu"
-            and slot.codes.dtype == torch.bfloat16
-            and slot.codes.is_contiguous()
-            and slot.codes.numel() == param.numel()
-        )
-    block = BLOCK_SIZES[precision]
-    blocks = -(-param.numel() // block)
-    return (
-        slot.precision == precision
-        and slot.signed == signed
-        and slot.shape == param.shape
-        and slot.dtype == torch.float32
-        and slot.factors is None  # the C loops read codes and scales only
-        and slot.codes.device.type == "cpu"
-        and slot.codes.dtype == torch.uint8
-        and slot.codes.is_contiguous()
-        and slot.codes.numel() == blocks * block * CODE_BITS[precision] // 8
-        and slot.scales.dtype == torch.float32
-        and slot.scales.is_contiguous()
-        and slot.scales.numel() == blocks
-    )
 
 
 def _incremented(state: dict[str, Any]) -> float:
