@@ -140,10 +140,10 @@ def prepare(
     made = _given(cls, params, lr, impl, dict(hparams or {}))
     specs = getattr(cls, "implementation_specs", None)
     candidates = specs() if specs is not None else ()
-    if made.implementation is not None and made.impl in {c.name for c in candidates}:
-        return made
     if not cls.takes_decision(made):
         made = attrs.evolve(made, config=cls.validated(made.params, made.hparams))
+    elif made.implementation is not None and made.impl in {c.name for c in candidates}:
+        return made
     if not candidates:  # one way to step: nothing to choose
         return made
     forced = impl if made.implementation is None else made.implementation.name

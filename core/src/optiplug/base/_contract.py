@@ -9,12 +9,22 @@ import torch
 
 from .._core import decision as _decision
 from .._core.decision import Prepared
+from .._core.naming import split_qualified
 from .._core.specs import ImplementationSpec
 from .._state.codec import NO_SLOTS, SECOND_MOMENTS
 from .._state.load import load_state_dict
 from ._pipeline import StepPiece, state_codec
 
-__all__ = ["ContractOptimizer", "Kernel", "Supports", "ValidatedLoading"]
+__all__ = ["ContractOptimizer", "Kernel", "Supports", "ValidatedLoading", "same_algorithm"]
+
+
+def same_algorithm(name: str, algorithm: str) -> bool:
+    """Whether ``name`` (a registry's) and a class's ``algorithm`` name one algorithm.
+
+    A bridged class may carry its qualified name (``pytorch_optimizer:adan``)
+    where the registry resolved the plain one (``adan``), or the reverse.
+    """
+    return split_qualified(name)[1] == split_qualified(algorithm)[1]
 
 
 class Kernel(Protocol):
@@ -99,7 +109,7 @@ class ValidatedLoading(torch.optim.Optimizer):
         """Whether ``prepared`` holds this algorithm's validated config."""
         config_class = cls.config_class
         return (
-            prepared.algorithm == cls.algorithm
+            same_algorithm(prepared.algorithm, cls.algorithm)
             and config_class is not None
             and isinstance(prepared.config, config_class)
         )

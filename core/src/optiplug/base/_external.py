@@ -21,7 +21,7 @@ from .._state.values import copied_tensor, is_subclass_tensor
 from ..errors import ClosureRequiredError
 from ..validators import reject_unknown
 from ._construction import UNSET, prepare
-from ._contract import ValidatedLoading
+from ._contract import ValidatedLoading, same_algorithm
 
 __all__ = [
     "ClosureStep",
@@ -149,7 +149,7 @@ class ExternalOptimizer(ValidatedLoading, torch.optim.Optimizer):
     @classmethod
     def takes_decision(cls, prepared: Prepared) -> bool:
         """Whether ``prepared`` was validated for this algorithm (with its config class, if any)."""
-        if prepared.algorithm != cls.algorithm or prepared.config is UNSET:
+        if not same_algorithm(prepared.algorithm, cls.algorithm) or prepared.config is UNSET:
             return False
         return cls.config_class is None or isinstance(prepared.config, cls.config_class)
 

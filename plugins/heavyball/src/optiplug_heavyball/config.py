@@ -162,6 +162,10 @@ class LazyConfig(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         return cls.real()(*args, **kwargs)
 
+    def __instancecheck__(cls, instance: Any) -> bool:
+        """An instance of the real attrs class is one of this stand-in."""
+        return isinstance(instance, cls.real())
+
 
 def _lazy_config(name: str, params: tuple[Param, ...]) -> type:
     namespace = {

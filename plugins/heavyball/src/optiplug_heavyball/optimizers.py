@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, cast
+from typing import Any
 
 import heavyball  # type: ignore[import-untyped]
 import torch
@@ -53,13 +53,6 @@ class HeavyBallOptimizer(ExternalOptimizer):
         super().__init__(params, *args, **kwargs)
         self.register_load_state_dict_pre_hook(_state.to_flat)
         self.register_load_state_dict_post_hook(_restore, prepend=True)
-
-    @classmethod
-    def takes_decision(cls, prepared: Prepared) -> bool:
-        """Whether ``prepared`` holds this algorithm's config (the real attrs class behind it)."""
-        real = getattr(cls.config_class, "real", None)
-        config_class = cast("type", real() if real is not None else cls.config_class)
-        return prepared.algorithm == cls.algorithm and isinstance(prepared.config, config_class)
 
     def _keywords(self, made: Prepared) -> dict[str, Any]:
         """The validated keywords, less those left to heavyball's own default."""

@@ -171,7 +171,8 @@ class LazyConfig(type):
     too slow to do for 128 classes whenever ``optiplug list`` runs. The
     class the registry holds stands in for the attrs class: calling it, and
     reading any attribute it lacks (``__attrs_attrs__``, for
-    ``attrs.fields``), builds the attrs class once and defers to it.
+    ``attrs.fields``), builds the attrs class once and defers to it; an
+    instance of the attrs class is an instance of the stand-in.
     """
 
     def __getattr__(cls, name: str) -> Any:
@@ -179,6 +180,10 @@ class LazyConfig(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         return cls.built()(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        """An instance of the attrs class is one of this stand-in (what calling it builds)."""
+        return isinstance(instance, cls.built())
 
     def built(cls) -> type:
         """The attrs class (built on the first call)."""
