@@ -10,11 +10,10 @@ plugins, and explain missing names.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pluggy
@@ -23,7 +22,6 @@ from ..errors import (
     OptimizerUnavailableError,
     PluginConflictError,
     PluginError,
-    PluginUnavailable,
     PluginWarning,
     UnknownOptimizerError,
     UnknownScheduleError,
@@ -31,18 +29,13 @@ from ..errors import (
 from . import builtin as _builtin
 from .binding import new_chooser, provided_default
 from .build import build_schedule
+from .catalog import Catalog, Contributions
 from .create import OptimizerFactory, create_optimizer, validated_hparams
 from .discovery import ENTRY_POINT_GROUP, distribution_entry_points, entry_points
 from .env import env_flag
-from .hookcalls import (
-    UnknownHooks,
-    failure_text,
-    outcomes_of,
-    plugin_managers,
-    typed_records,
-    unknown_hooks,
-)
-from .hooks import PLUGIN_API_VERSION, PROJECT_NAME, HookSpecs
+from .hookcalls import failure_text, outcomes_of, typed_records
+from .hooks import PROJECT_NAME, HookSpecs
+from .loading import check_api, env_list, interrupted, not_loaded, plugin_records
 from .naming import (
     QUALIFIER,
     Named,
@@ -81,46 +74,6 @@ __all__ = [
     "split_qualified",
 ]
 
-_Record = TypeVar("_Record", OptimizerSpec, ImplementationSpec, ScheduleSpec, CommandSpec)
-
-
-class _Incompatible(Exception):
-    """A plugin targets a plugin API major version this core does not speak."""
-
-
-@attrs.define
-class _Contributions:
-    """Records one plugin returned, committed only if all hooks succeeded."""
-
-    optimizers: list[OptimizerSpec] = attrs.Factory(list)
-    implementations: list[ImplementationSpec] = attrs.Factory(list)
-    schedules: list[ScheduleSpec] = attrs.Factory(list)
-    commands: list[CommandSpec] = attrs.Factory(list)
-
-    def names(self) -> tuple[str, ...]:
-        provided = [f"optimizer:{s.name}" for s in self.optimizers]
-        inline = [impl for spec in self.optimizers for impl in spec.implementations]
-        provided += [
-            f"implementation:{i.algorithm}/{i.name}" for i in inline + self.implementations
-        ]
-        provided += [f"schedule:{s.name}" for s in self.schedules]
-        provided += [f"command:{c.name}" for c in self.commands]
-        return tuple(provided)
-
-
-def _env_list(name: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
-
-
-def _api_major(plugin: object) -> int | None:
-    declared = getattr(plugin, "OPTIPLUG_API", None)
-    if declared is None:
-        return None
-    try:
-        return int(str(declared).split(".")[0])
-    except ValueError:
-        raise _Incompatible(f"OPTIPLUG_API={declared!r} is not a version number") from None
-
 
 class Registry:
     """Optimizers, implementations and schedules provided by plugins.
@@ -155,7 +108,7 @@ class Registry:
             env_flag("OPTIPLUG_STRICT_PLUGINS", default=False) if strict is None else strict
         )
         self.disabled = (
-            _env_list("OPTIPLUG_DISABLE_PLUGINS") if disabled is None else frozenset(disabled)
+            env_list("OPTIPLUG_DISABLE_PLUGINS") if disabled is None else frozenset(disabled)
         )
         self._manager = pluggy.PluginManager(PROJECT_NAME)
         self._manager.add_hookspecs(HookSpecs)
@@ -166,11 +119,7 @@ class Registry:
         self._seen_entry_points: set[tuple[str, str, str]] = set()
         self._plugins: dict[str, PluginInfo] = {}
         self._errors: dict[str, BaseException] = {}
-        self._optimizers: dict[str, list[OptimizerSpec]] = {}
-        self._implementations_named: dict[str, list[ImplementationSpec]] = {}
-        """Implementation records by the plain name of their algorithm."""
-        self._schedules: dict[str, list[ScheduleSpec]] = {}
-        self._commands: dict[str, list[CommandSpec]] = {}
+        self._catalog = Catalog()
         for name, module in _builtin.builtin_plugins():
             self.register(
                 module, name, distribution=_builtin.DISTRIBUTION, version=_builtin.version()
@@ -211,43 +160,18 @@ class Registry:
                 return self._record(attrs.evolve(base, status="disabled", error=why))
             try:
                 plugin = load()
-                self._check_api(plugin)
+                check_api(plugin)
                 contributions = self._collect(
                     name, plugin, ProviderInfo(name, distribution, version)
                 )
-            except BaseException as error:  # a plugin may even sys.exit(); see _not_loaded
-                return self._record(self._not_loaded(base, error), error)
-            self._commit(contributions)
+            except BaseException as error:  # a plugin may even sys.exit(); see not_loaded
+                info = self._record(not_loaded(base, error), error)
+                if isinstance(error, KeyboardInterrupt):
+                    raise interrupted(base) from error
+                return info
+            self._catalog.commit(contributions)
             rule = ("rule:" + name,) if self._implements(name, "optiplug_select_optimizer") else ()
             return self._record(attrs.evolve(base, provides=contributions.names() + rule))
-
-    def _not_loaded(self, base: PluginInfo, error: BaseException) -> PluginInfo:
-        """The record of a plugin whose import, API check or registration hooks raised.
-
-        A ``KeyboardInterrupt`` (perhaps the user's Ctrl-C) is recorded, then
-        raised again with a message naming the plugin; any other exception,
-        ``SystemExit`` included, only fails this plugin.
-        """
-        origin = f"{base.name!r} ({base.distribution} {base.version})"
-        if isinstance(error, PluginUnavailable):
-            return attrs.evolve(
-                base, status="unavailable", provides=error.provides, error=error.reason
-            )
-        if isinstance(error, _Incompatible):
-            return attrs.evolve(base, status="incompatible", error=str(error))
-        text = failure_text(error, "loading")
-        if isinstance(error, KeyboardInterrupt):
-            self._record(attrs.evolve(base, status="failed", error=text), error)
-            raise KeyboardInterrupt(
-                f"interrupted while loading optiplug plugin {origin}"
-            ) from error
-        warnings.warn(
-            f"optiplug plugin {origin} failed to load and is skipped ({text}); "
-            "other plugins keep working",
-            PluginWarning,
-            stacklevel=4,
-        )
-        return attrs.evolve(base, status="failed", error=text)
 
     def _record(self, info: PluginInfo, error: BaseException | None = None) -> PluginInfo:
         self._plugins[info.name] = info
@@ -255,31 +179,11 @@ class Registry:
             self._errors[info.name] = error
         return info
 
-    @staticmethod
-    def _check_api(plugin: object) -> None:
-        major = _api_major(plugin)
-        if major is not None and major != PLUGIN_API_VERSION:
-            raise _Incompatible(
-                f"targets plugin API {major}, this optiplug speaks API {PLUGIN_API_VERSION}; "
-                "upgrade or downgrade the plugin or optiplug"
-            )
-
-    def _collect(self, name: str, plugin: object, provider: ProviderInfo) -> _Contributions:
+    def _collect(self, name: str, plugin: object, provider: ProviderInfo) -> Contributions:
         """Ask ``plugin`` alone (its own wrappers included) for its records, then register it."""
         if self._manager.get_plugin(name) is not None:
             raise ValueError(f"a plugin named {name!r} is already registered")
-        unknown = unknown_hooks(plugin)
-        if unknown:
-            raise UnknownHooks(unknown)
-        alone, plain, wrapping = plugin_managers(plugin, name)
-        contributions = _Contributions(
-            optimizers=_records(alone, "optiplug_optimizers", OptimizerSpec, provider),
-            implementations=_records(
-                alone, "optiplug_implementations", ImplementationSpec, provider
-            ),
-            schedules=_records(alone, "optiplug_schedules", ScheduleSpec, provider),
-            commands=_records(alone, "optiplug_cli_commands", CommandSpec, provider),
-        )
+        contributions, plain, wrapping = plugin_records(plugin, name, provider)
         self._manager.register(plugin, name=name)
         self._plain[name] = plain
         if wrapping is not None:
@@ -289,19 +193,6 @@ class Registry:
     def _implements(self, plugin_name: str, hook_name: str) -> bool:
         hook = getattr(self._manager.hook, hook_name)
         return any(impl.plugin_name == plugin_name for impl in hook.get_hookimpls())
-
-    def _commit(self, contributions: _Contributions) -> None:
-        for spec in contributions.optimizers:
-            self._optimizers.setdefault(spec.name, []).append(spec)
-            self._add_implementations(
-                attrs.evolve(impl, provider=impl.provider or spec.provider)
-                for impl in spec.implementations
-            )
-        self._add_implementations(contributions.implementations)
-        for schedule in contributions.schedules:
-            self._schedules.setdefault(schedule.name, []).append(schedule)
-        for command in contributions.commands:
-            self._commands.setdefault(command.name, []).append(command)
 
     def _discover(self) -> None:
         """Load every entry point of the group once (de-duplicated), then apply strictness.
@@ -384,7 +275,7 @@ class Registry:
         The name is resolved once, here; creation gets the records, not the registry to ask.
         """
         found = self.spec(name, provider=provider)
-        candidates = self._implementations_of(found)
+        candidates = self._catalog.implementations_of(found)
         return create_optimizer(
             found, candidates, params, registry=self, chooser=self.chooser, impl=impl, **hparams
         )
@@ -466,27 +357,37 @@ class Registry:
         provider holds or shares, so every name listed resolves.
         """
         self._discover()
-        return sorted(self.name_of(spec) for specs in self._optimizers.values() for spec in specs)
+        return sorted(
+            self.name_of(spec) for specs in self._catalog.optimizers.values() for spec in specs
+        )
 
     def schedules(self) -> list[str]:
         """Names of every available schedule, sorted (aliases not listed)."""
         self._discover()
-        return sorted(self._schedules)
+        return sorted(self._catalog.schedules)
 
     def optimizer_specs(self) -> list[OptimizerSpec]:
         """Every registered optimizer spec (all providers of a contested name), sorted."""
         self._discover()
-        return [spec for name in sorted(self._optimizers) for spec in self._optimizers[name]]
+        return [
+            spec
+            for name in sorted(self._catalog.optimizers)
+            for spec in self._catalog.optimizers[name]
+        ]
 
     def schedule_specs(self) -> list[ScheduleSpec]:
         """Every registered schedule spec (all providers of a contested name), sorted."""
         self._discover()
-        return [spec for name in sorted(self._schedules) for spec in self._schedules[name]]
+        return [
+            spec
+            for name in sorted(self._catalog.schedules)
+            for spec in self._catalog.schedules[name]
+        ]
 
     def command_specs(self) -> list[CommandSpec]:
         """Every ``optiplug`` subcommand plugins provide, sorted by name (first provider wins)."""
         self._discover()
-        return [self._commands[name][0] for name in sorted(self._commands)]
+        return [self._catalog.commands[name][0] for name in sorted(self._catalog.commands)]
 
     def spec(self, name: str, *, provider: str | None = None) -> OptimizerSpec:
         """Return the spec of algorithm ``name`` (an alias resolves).
@@ -505,7 +406,7 @@ class Registry:
             PluginConflictError: several plugins provide it and ``provider`` is None.
         """
         self._discover()
-        return self._resolve(self._optimizers, name, provider, UnknownOptimizerError)
+        return self._resolve(self._catalog.optimizers, name, provider, UnknownOptimizerError)
 
     def has(self, name: str, *, provider: str | None = None) -> bool:
         """Whether :meth:`spec` finds algorithm ``name`` (a contested name counts: it exists).
@@ -528,55 +429,13 @@ class Registry:
     def schedule_spec(self, name: str, *, provider: str | None = None) -> ScheduleSpec:
         """Return the spec of schedule ``name``; raises like :meth:`spec`."""
         self._discover()
-        return self._resolve(self._schedules, name, provider, UnknownScheduleError)
+        return self._resolve(self._catalog.schedules, name, provider, UnknownScheduleError)
 
     def implementations(
         self, name: str, *, provider: str | None = None
     ) -> list[ImplementationSpec]:
         """Every registered implementation of algorithm ``name``, sorted by name."""
-        return self._implementations_of(self.spec(name, provider=provider))
-
-    def _add_implementations(self, records: Iterable[ImplementationSpec]) -> None:
-        for record in records:
-            name = split_qualified(record.algorithm)[1]
-            self._implementations_named.setdefault(name, []).append(record)
-
-    def _binds(self, impl: ImplementationSpec, spec: OptimizerSpec) -> bool:
-        """Whether implementation ``impl`` is one of algorithm ``spec``'s.
-
-        Its ``algorithm`` names the algorithm: qualified (``plugin:name``), that
-        provider's; plain, its own plugin's algorithm of that name when the
-        plugin has one (a bridge's implementations of its own ``muon``), else
-        the algorithm the plain name resolves to (a kernel plugin's
-        implementation of the native ``adamw``).
-        """
-        if impl.algorithm != spec.name and QUALIFIER not in impl.algorithm:
-            return False  # another algorithm's (the common case: no parsing)
-        qualifier, name = split_qualified(impl.algorithm)
-        if name != spec.name:
-            return False
-        owner = spec.provider.plugin if spec.provider is not None else None
-        if qualifier is not None:
-            return qualifier in provider_names(spec)
-        own = impl.provider.plugin if impl.provider is not None else None
-        if own is not None and any(
-            provider_names(other) & {own} for other in self._optimizers.get(name, ())
-        ):
-            return own == owner
-        if len(self._optimizers.get(name, ())) < 2:
-            return True
-        try:
-            return native_or_conflict(name, self._optimizers[name]) is spec
-        except PluginConflictError:
-            return False
-
-    def _implementations_of(self, spec: OptimizerSpec) -> list[ImplementationSpec]:
-        """Every registered implementation of the resolved ``spec``, sorted by name."""
-        named = self._implementations_named.get(spec.name, ())
-        found = [impl for impl in named if self._binds(impl, spec)]
-        return sorted(
-            found, key=lambda impl: (impl.name, impl.provider.plugin if impl.provider else "")
-        )
+        return self._catalog.implementations_of(self.spec(name, provider=provider))
 
     def implementation_failures(self, name: str, *, provider: str | None = None) -> dict[str, str]:
         """Implementations of algorithm ``name`` this process skipped because they failed.
@@ -628,14 +487,7 @@ class Registry:
             E.g. ``"adamw"`` for the native AdamW, ``"pytorch_optimizer:adamw"``
             for the bridged one.
         """
-        specs = self._optimizers.get(spec.name, ())
-        if len(specs) < 2:
-            return spec.name
-        try:
-            winner = native_or_conflict(spec.name, specs)
-        except PluginConflictError:
-            return qualified_name(spec)
-        return spec.name if winner == spec else qualified_name(spec)
+        return self._catalog.name_of(spec)
 
     def clashes(self) -> dict[str, tuple[str, ...]]:
         """Optimizer names more than one plugin provides, and how to reach each.
@@ -650,11 +502,7 @@ class Registry:
             ``{name: (qualified names of every provider, sorted)}``.
         """
         self._discover()
-        return {
-            name: tuple(sorted(qualified_name(spec) for spec in specs))
-            for name, specs in sorted(self._optimizers.items())
-            if len(specs) > 1
-        }
+        return self._catalog.clashes()
 
     def _missing(
         self,
@@ -779,25 +627,6 @@ class Registry:
             else:
                 problems.extend(found)
         return problems
-
-
-def _records(
-    manager: pluggy.PluginManager, hook_name: str, kind: type[_Record], provider: ProviderInfo
-) -> list[_Record]:
-    """The ``kind`` records ``manager``'s plugin returns from ``hook_name``, with ``provider``.
-
-    Raises:
-        TypeError: it returned anything else (and whatever its hook raised).
-    """
-    found: list[_Record] = []
-    for returned in getattr(manager.hook, hook_name)():
-        for record in returned:
-            if not isinstance(record, kind):
-                raise TypeError(
-                    f"{hook_name} returned {type(record).__name__}, expected {kind.__name__}"
-                )
-            found.append(attrs.evolve(record, provider=provider))
-    return found
 
 
 def bound_registry(registry: Registry | None) -> Registry:
