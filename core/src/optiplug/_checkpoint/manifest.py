@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from ..errors import CheckpointError
 from .collective import _run_dcp
 from .format import ALLOWED_FILES, sha256
-from .io import OpenDirectory, _reason
+from .io import _READ_FLAGS, OpenDirectory, _reason
 from .schema import check_marker, parse_object
 
 __all__ = [
@@ -50,12 +50,6 @@ _DATA_FILE = re.compile(r"__([0-9]+)_[0-9]+\.distcp")
 _MARKER_LIMIT = 1 << 16
 _MANIFEST_LIMIT = 1 << 28
 _CHUNK = 1 << 20
-_READ_FLAGS = (
-    os.O_RDONLY
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
@@ -242,12 +236,18 @@ def _check_open_file(descriptor: int, where: Path, info: Mapping[str, Any]) -> l
     if status.st_size != info["bytes"]:
         state = "truncated" if status.st_size < info["bytes"] else "longer than saved"
         return [f"{where} is {state}: {status.st_size} bytes, the save wrote {info['bytes']}"]
-    digest = hashlib.sha256()
-    while chunk := os.read(descriptor, _CHUNK):
-        digest.update(chunk)
-    if digest.hexdigest() != info["sha256"]:
+    if _digest(descriptor)[0] != info["sha256"]:
         return [f"{where} does not match its SHA-256 in {MANIFEST} (modified after the save)"]
     return []
+
+
+def _digest(descriptor: int) -> tuple[str, int]:
+    """The SHA-256 and size of what remains to read of the open file ``descriptor``."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := os.read(descriptor, _CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def _extra_files(directory: OpenDirectory, manifest: Mapping[str, Any]) -> list[str]:

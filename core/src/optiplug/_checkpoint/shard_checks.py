@@ -28,14 +28,7 @@ def _nonfinite(prefix: str, tree: Any) -> list[Problem]:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             local = _local(value)
             if local.numel() and not bool(torch.isfinite(local.detach()).all()):
-                problems.append(
-                    Problem(
-                        parameter=key,
-                        kind="non-finite",
-                        expected="finite values",
-                        found="NaN or inf",
-                    )
-                )
+                problems.append(_problem(key, "non-finite", "finite values", "NaN or inf"))
     return problems
 
 
@@ -67,47 +60,36 @@ def _dedup(problems: Iterable[Iterable[Problem]]) -> list[Problem]:
 def _against_index(target: Mapping[str, Any], metadata: Metadata) -> list[Problem]:
     """Every key of ``target`` DCP must read: present in the checkpoint, same shape and dtype."""
     index = metadata.state_dict_metadata
-    problems = []
-    wanted = set()
     flat, _ = flatten_state_dict(dict(target))
-    for key, value in flat.items():
-        wanted.add(key)
-        saved = index.get(key)
-        if saved is None:
-            problems.append(
-                Problem(
-                    parameter=key, kind="missing-key", expected="in the checkpoint", found="absent"
-                )
-            )
-        elif isinstance(value, torch.Tensor):
-            if not isinstance(saved, TensorStorageMetadata):
-                problems.append(
-                    Problem(parameter=key, kind="type", expected="a tensor", found="another value")
-                )
-            elif tuple(saved.size) != tuple(value.shape):
-                problems.append(
-                    Problem(
-                        parameter=key,
-                        kind="shape",
-                        expected=str(list(value.shape)),
-                        found=str(list(saved.size)),
-                    )
-                )
-            elif saved.properties.dtype != value.dtype:
-                expected, found = (
-                    str(d).removeprefix("torch.") for d in (value.dtype, saved.properties.dtype)
-                )
-                problems.append(
-                    Problem(parameter=key, kind="dtype", expected=expected, found=found)
-                )
-    for key in index:
-        if key.startswith((f"{MODEL}.", f"{OPTIMIZER}.state.")) and key not in wanted:
-            problems.append(
-                Problem(
-                    parameter=key,
-                    kind="unexpected-key",
-                    expected="absent",
-                    found="in the checkpoint",
-                )
-            )
+    problems = [
+        found for key, value in flat.items() if (found := _mismatch(key, value, index.get(key)))
+    ]
+    saved_only = (k for k in index if k.startswith((f"{MODEL}.", f"{OPTIMIZER}.state.")))
+    problems += [
+        _problem(key, "unexpected-key", "absent", "in the checkpoint")
+        for key in saved_only
+        if key not in flat
+    ]
     return problems
+
+
+def _mismatch(key: str, value: Any, saved: Any) -> Problem | None:
+    """What the checkpoint's entry ``saved`` (None: absent) lacks to be read into ``value``."""
+    if saved is None:
+        return _problem(key, "missing-key", "in the checkpoint", "absent")
+    if not isinstance(value, torch.Tensor):
+        return None
+    if not isinstance(saved, TensorStorageMetadata):
+        return _problem(key, "type", "a tensor", "another value")
+    if tuple(saved.size) != tuple(value.shape):
+        return _problem(key, "shape", str(list(value.shape)), str(list(saved.size)))
+    if saved.properties.dtype != value.dtype:
+        expected, found = (
+            str(d).removeprefix("torch.") for d in (value.dtype, saved.properties.dtype)
+        )
+        return _problem(key, "dtype", expected, found)
+    return None
+
+
+def _problem(key: str, kind: str, expected: str, found: str) -> Problem:
+    return Problem(parameter=key, kind=kind, expected=expected, found=found)

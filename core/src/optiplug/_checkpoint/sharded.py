@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -65,6 +64,7 @@ from .collective import _active, _collective, _from_rank0, _gather, _rank, _run_
 from .format import sha256
 from .io import (
     _DIRECTORY_MODE,
+    _READ_FLAGS,
     _discard,
     _install,
     _reason,
@@ -76,8 +76,6 @@ from .io import (
     write_durable,
 )
 from .manifest import (
-    _CHUNK,
-    _READ_FLAGS,
     DCP_METADATA,
     FORMAT,
     MANIFEST,
@@ -86,6 +84,7 @@ from .manifest import (
     OPTIMIZER,
     SCHEMA_VERSION,
     _allowed,
+    _digest,
     _owner,
     _read_marker_quietly,
     is_sharded,
@@ -300,11 +299,7 @@ def _hash_file(directory: Path, name: str, *, sync: bool = False) -> tuple[str, 
             raise CheckpointError(f"{directory / name} is not a regular file")
         if sync:
             os.fsync(descriptor)
-        digest, size = hashlib.sha256(), 0
-        while chunk := os.read(descriptor, _CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        return digest.hexdigest(), size
+        return _digest(descriptor)
     finally:
         os.close(descriptor)
 

@@ -1,12 +1,6 @@
 """Loading a sharded checkpoint: verified on every rank, then applied all or nothing.
 
-Every rank reads the marker and manifest, hashes its share of the files,
-checks the target's keys, shapes and dtypes against DCP's index, reads the
-state into copies, validates them (finite values, the optimizer's rules)
-and only when every rank found nothing applies them with
-``set_*_state_dict``. Every problem found on any rank is reported on every
-rank. DCP reshards on load, so the world size may differ from the save's
-(or be a single process without ``torch.distributed``).
+How is told in :mod:`optiplug._checkpoint.sharded` (its "Loading" paragraph).
 """
 
 from __future__ import annotations
