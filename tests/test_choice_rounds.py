@@ -1,0 +1,197 @@
+"""The chooser's decision under contention, from made-up timings: no test here times the machine.
+
+:mod:`optiplug._choice.rounds` takes its timings from an injectable timer and
+clock. These tests feed it steps whose true costs they know, with slow drift
+and preemption injected (seeded, through ``hypothesis``), and check that it
+picks the truly fastest candidate whenever it says it is sure, and that a
+chooser never keeps or caches a decision it is not sure of.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import optiplug
+from optiplug._choice.chooser import ImplementationChooser
+from optiplug._choice.rounds import MAX_ROUNDS, StepSample, run_rounds
+
+NAMES = ("foreach", "fused", "loop")
+
+
+class FakeClock:
+    """A clock that the fake timer advances by each made-up step's wall time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ContendedTimer:
+    """Made-up steps: true cost x slow drift, plus preemption of one victim at random.
+
+    A preempted step waits ``delay`` more wall time while its thread is
+    switched out once (and gets only the true cost as CPU time).
+    """
+
+    def __init__(
+        self,
+        costs: dict[str, float],
+        victim: str,
+        chance: float,
+        seed: int,
+        *,
+        visible: bool = True,
+        clock: FakeClock | None = None,
+    ) -> None:
+        self.costs, self.victim, self.chance = costs, victim, chance
+        self.random = random.Random(seed)
+        self.visible = visible
+        self.clock = clock or FakeClock()
+        self.steps = 0
+        self.hits: list[bool] = []  # per victim step, whether it was preempted
+
+    def __call__(self, name: str) -> StepSample:
+        self.steps += 1
+        drift = 1.0 + 0.05 * math.sin(self.steps / 7.0)  # slow: within 5%, common to a round
+        cost = self.costs[name] * drift
+        hit = name == self.victim and self.random.random() < self.chance
+        if name == self.victim:
+            self.hits.append(hit)
+        wall = cost * (1.0 + self.random.uniform(2.0, 30.0)) if hit else cost
+        self.clock.now += wall
+        if not self.visible:
+            return StepSample(wall)
+        return StepSample(wall, cpu=cost, switched_out=1 if hit else 0)
+
+
+costs_strategy = st.tuples(
+    st.floats(1e-5, 1.0),  # the fastest one's seconds
+    st.lists(st.floats(1.3, 4.0), min_size=2, max_size=2),  # the others, >= 1.3x slower
+    st.permutations(NAMES),
+).map(lambda t: dict(zip(t[2], [t[0], t[0] * t[1][0], t[0] * t[1][1]], strict=True)))
+
+
+def _rounds(timer: ContendedTimer) -> object:
+    return run_rounds(NAMES, timer, timer.clock, math.inf, _no_error)
+
+
+def _no_error(name: str, error: Exception) -> None:
+    raise AssertionError(f"{name} raised {error!r}")
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    costs=costs_strategy,
+    victim=st.sampled_from(NAMES),
+    chance=st.floats(0.0, 0.6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_preemption_seen_never_makes_it_pick_a_slower_one(
+    costs: dict[str, float], victim: str, chance: float, seed: int
+) -> None:
+    # Clean rounds (no preemption on either side) decide; drift within 5%
+    # moves a clean log-ratio by at most 2 * log(1.05) = 0.098 < log(1.3) = 0.262,
+    # the smallest true gap, so every clean round ranks the pair right.
+    verdict = _rounds(ContendedTimer(costs, victim, chance, seed))
+    fastest = min(costs, key=costs.__getitem__)
+    assert verdict.winner == fastest, verdict  # type: ignore[attr-defined]
+    # With at most 60% of the victim's steps preempted, 31 rounds leave enough clean ones.
+    if chance <= 0.3:
+        assert verdict.trusted, verdict  # type: ignore[attr-defined]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    costs=costs_strategy,
+    victim=st.sampled_from(NAMES),
+    chance=st.floats(0.0, 0.9),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_unseen_preemption_fools_it_only_where_it_hit_most_rounds(
+    costs: dict[str, float], victim: str, chance: float, seed: int
+) -> None:
+    # No CPU time or switch counts (a CUDA step): the median of paired
+    # log-ratios ranks a pair right while fewer than half its rounds are hit.
+    timer = ContendedTimer(costs, victim, chance, seed, visible=False)
+    verdict = _rounds(timer)
+    fastest = min(costs, key=costs.__getitem__)
+    if sum(timer.hits) < len(timer.hits) / 2:
+        assert verdict.winner == fastest, verdict  # type: ignore[attr-defined]
+    if verdict.trusted:  # type: ignore[attr-defined]
+        # Trust needs the winner faster in over 3/4 of the rounds, or a spread
+        # of at most log(1.25) that no hit (>= 3x the cost) fits in.
+        assert verdict.winner == fastest or sum(timer.hits) > len(timer.hits) / 4, verdict  # type: ignore[attr-defined]
+
+
+def test_rounds_go_on_while_in_doubt_and_stop_once_sure() -> None:
+    costs = {"foreach": 3.0, "fused": 1.0, "loop": 2.0}
+    calm = ContendedTimer(costs, "fused", 0.0, 0)
+    assert _rounds(calm).rounds == 5  # type: ignore[attr-defined]
+    stormy = ContendedTimer(costs, "fused", 1.0, 0)  # every step of the fastest preempted
+    verdict = _rounds(stormy)
+    assert verdict.rounds == MAX_ROUNDS and not verdict.trusted, verdict  # type: ignore[attr-defined]
+    assert "unpreempted in 0 of" in verdict.reason  # type: ignore[attr-defined]
+
+
+def test_the_deadline_ends_the_rounds_on_the_injected_clock() -> None:
+    clock = FakeClock()
+    timer = ContendedTimer({"foreach": 3.0, "fused": 1.0, "loop": 2.0}, "fused", 1.0, 0, clock=clock)
+    verdict = run_rounds(NAMES, timer, clock, 10.0, _no_error)
+    assert verdict.rounds == 2 and not verdict.trusted  # first round ends past 10 s of fake time
+
+
+# ------------------------------------------------------------------ the chooser keeps only trust
+class _FakeTimers:
+    """A timer factory for the chooser: the same made-up timer whatever optimizers it is given."""
+
+    def __init__(self, timer: ContendedTimer) -> None:
+        self.timer = timer
+
+    def __call__(self, optimizers: object, device: torch.device) -> ContendedTimer:
+        assert set(optimizers) == set(NAMES)  # type: ignore[arg-type]
+        return self.timer
+
+
+def _entries(directory: Path) -> dict[str, object]:
+    file = directory / "autotune.json"
+    if not file.exists():
+        return {}
+    found: dict[str, object] = json.loads(file.read_text())["entries"]
+    return found
+
+
+@pytest.mark.usefixtures("_cache_in_tmp")
+@pytest.mark.parametrize("stormy", [False, True])
+def test_a_chooser_caches_a_sure_winner_and_never_a_doubtful_one(
+    stormy: bool, _cache_in_tmp: Path
+) -> None:
+    # loop is made the fastest, which it is not on any real CPU at this size:
+    # the winner can only have come from the injected timings.
+    costs = {"foreach": 3e-3, "fused": 2e-3, "loop": 1e-3}
+    timer = ContendedTimer(costs, "loop", 1.0 if stormy else 0.0, 0)
+    chooser = ImplementationChooser(timer=_FakeTimers(timer), clock=timer.clock)
+    registry = optiplug.Registry(chooser=chooser)
+    params = [torch.nn.Parameter(torch.ones(64)) for _ in range(2)]
+    optimizer = registry.create("lion", params, lr=1e-4)
+    chooser.wait_for_measurements()
+    optimizer.step()
+    [record] = chooser.measurements().values()
+    assert record.trusted is not stormy, record
+    if stormy:
+        assert record.doubt and chooser.decisions() == {} and _entries(_cache_in_tmp) == {}
+        assert timer.steps == 2 * 3 * MAX_ROUNDS  # measured again once, still in doubt
+    else:
+        assert optimizer.impl == record.winner == "loop"  # type: ignore[attr-defined]
+        [entry] = _entries(_cache_in_tmp).values()
+        assert entry["winner"] == "loop"  # type: ignore[index]
+        assert list(chooser.decisions().values())[0][0] == "loop"
