@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_first_steps import _RUN, _run, _switch_step  # noqa: E402
+from bench_first_steps import _RUN, _run, _switch_step
 
 _SPIN = "while True:\n    pass\n"
 
