@@ -131,9 +131,10 @@ def test_unseen_preemption_fools_it_only_where_it_hit_most_rounds(
     if sum(timer.hits) < len(timer.hits) / 2:
         assert verdict.winner == fastest, verdict
     if verdict.trusted:
-        # Trust needs the winner faster in over 3/4 of the rounds, or a spread
-        # of at most log(1.25) that no hit (a wait of at least twice the
-        # slowest cost) fits in.
+        # Trust needs the winner faster in over 3/4 of the rounds, or a
+        # median log-ratio whose confidence interval ends at most log(1.15)
+        # above 0: with at most 1/4 of the rounds hit the median is a clean
+        # round's, whose sign is right (drift 0.098 < gap 0.262).
         assert verdict.winner == fastest or sum(timer.hits) > len(timer.hits) / 4, verdict
 
 
@@ -151,9 +152,8 @@ def test_the_deadline_ends_the_rounds_on_the_injected_clock() -> None:
     clock = FakeClock()
     timer = ContendedTimer({"foreach": 3.0, "fused": 1.0, "loop": 2.0}, "*", 1.0, 0, clock=clock)
     verdict = run_rounds(NAMES, timer, clock, 10.0, _no_error)
-    assert (
-        verdict.rounds == 1 and not verdict.trusted
-    )  # the first round ends past 10 s of fake time
+    # Four rounds are always timed; the deadline (10 s of fake time) ends them then.
+    assert verdict.rounds == 4 and not verdict.trusted
 
 
 # ------------------------------------------------------------------ the chooser keeps only trust

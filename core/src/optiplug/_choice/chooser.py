@@ -64,8 +64,9 @@ from .._core.registry import bound_registry
 from .._core.specs import ImplementationSpec
 from ..errors import PluginWarning
 from . import cache as _stored
-from .questions import Question, cache_key, forced, plugin_of, slowest_rank, switchable
+from .questions import Question, cache_key, forced, plugin_of, switchable
 from .questions import ranked as by_priority
+from .questions import slowest_rank as _slowest_rank
 from .rounds import Clock, StepTimer, Verdict, run_rounds
 from .timing import (
     MAX_BUDGET,
@@ -575,7 +576,7 @@ class ImplementationChooser:
             question.hparams,
             config=question.config,
         )
-        timings = slowest_rank(found.timings, agreement)
+        timings = _slowest_rank(found.timings, agreement)
         winner = min(question.ranked, key=lambda impl: timings[impl.name]).name
         with self._lock:
             self._measurements[question.key] = attrs.evolve(found, winner=winner, timings=timings)

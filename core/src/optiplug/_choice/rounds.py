@@ -25,13 +25,16 @@ How (:func:`run_rounds`, :func:`decide`):
   whose thread ran less than :data:`RAN_SHARE` of its wall time, counts as
   *preempted*. When at least :data:`MIN_PAIRS` rounds of a pair are clean
   on both sides, only those decide the pair.
-* *re-measured while unsure.* After :data:`MIN_ROUNDS` rounds, rounds go on
+* *re-measured while unsure.* :data:`MIN_PAIRS` rounds are always timed
+  (the deadline counts after them: on a bounded sample they take
+  milliseconds on a CPU); after :data:`MIN_ROUNDS` rounds, rounds go on
   (up to :data:`MAX_ROUNDS`, or the deadline) until the decision is
   trustworthy: for the winner against every other candidate, at least
-  :data:`MIN_PAIRS` rounds clean on both sides, and over those either their
-  log-ratios' interquartile range is at most :data:`SPREAD` (a tight
-  measurement: even a near tie is decided well enough) or the winner was
-  faster in more than three quarters of them. When too few are clean, the
+  :data:`MIN_PAIRS` rounds clean on both sides, and over those either the
+  winner was faster in more than three quarters of them, or the upper end
+  of the median log-ratio's ~95% confidence interval (median + 1.57 IQR /
+  sqrt(n), a box plot's notch) is at most :data:`TOLERANCE`: a near tie,
+  where at worst the winner is a little slower, is decided well enough. When too few are clean, the
   preempted rounds give the best guess, trusted only by an overwhelming
   majority (:data:`PREEMPTED_MAJORITY` of at least :data:`PREEMPTED_ROUNDS`).
 * *never kept when unsure.* A decision that is not trustworthy says so
@@ -57,7 +60,7 @@ __all__ = [
     "PREEMPTED_MAJORITY",
     "PREEMPTED_ROUNDS",
     "RAN_SHARE",
-    "SPREAD",
+    "TOLERANCE",
     "Clock",
     "StepSample",
     "StepTimer",
@@ -67,7 +70,7 @@ __all__ = [
 ]
 
 MIN_ROUNDS = 5
-"""Rounds always timed (unless the deadline passes after the first)."""
+"""Rounds timed at least, unless the deadline passes after the first :data:`MIN_PAIRS`."""
 
 MAX_ROUNDS = 31
 """Rounds at most, while the decision is not yet trustworthy."""
@@ -84,11 +87,14 @@ PREEMPTED_ROUNDS = 10
 PREEMPTED_MAJORITY = 0.9
 """Share of those rounds the winner must have been faster in."""
 
+_NOTCH = 1.57
+"""Half-width of a median's ~95% confidence interval, in interquartile ranges over the root of n."""
+
 _TINY = 1e-12
 """Seconds a zero time is taken as, so that every ratio has a logarithm."""
 
-SPREAD = math.log(1.25)
-"""Widest interquartile range of a pair's log-ratios that still counts as a tight measurement."""
+TOLERANCE = math.log(1.15)
+"""How much slower (log-ratio) the winner may at worst be than another for a near tie to be trusted."""
 
 
 @attrs.frozen
@@ -171,7 +177,7 @@ def run_rounds(
         names: the candidates, in priority order (it breaks ties).
         timer: takes and times one step of a candidate.
         clock: the clock ``deadline`` is read on.
-        deadline: after it no round starts but the first.
+        deadline: after it no round starts but the first :data:`MIN_PAIRS`.
         on_error: called with a candidate that raised while timed (it is dropped).
 
     Returns:
@@ -180,7 +186,7 @@ def run_rounds(
     rounds: Rounds = {name: [] for name in names}
     verdict = decide(rounds, list(names))
     for index in range(MAX_ROUNDS):
-        if index and clock() > deadline:
+        if index >= MIN_PAIRS and clock() > deadline:
             break
         if index >= MIN_ROUNDS and verdict.trusted:
             break
@@ -278,10 +284,11 @@ def _doubt(rounds: Rounds, winner: str, other: str) -> str:
             f"{winner} and {other} were both timed unpreempted in {len(clean)} of "
             f"{len(every)} rounds (< {MIN_PAIRS}), and {winner} was faster in {faster}"
         )
-    low, _, high = statistics.quantiles(clean, n=4, method="inclusive")
-    if high < 0 or high - low <= SPREAD:  # faster in over 3/4 of the rounds, or a tight measure
+    low, middle, high = statistics.quantiles(clean, n=4, method="inclusive")
+    worst = middle + _NOTCH * (high - low) / math.sqrt(len(clean))
+    if high < 0 or worst <= TOLERANCE:  # faster in over 3/4 of the rounds, or at worst a bit slower
         return ""
     return (
-        f"{winner} against {other}: log-ratio quartiles {low:+.2f}..{high:+.2f} over "
-        f"{len(clean)} clean rounds (spread {high - low:.2f} > {SPREAD:.2f})"
+        f"{winner} against {other}: median log-ratio {middle:+.3f}, at worst {worst:+.3f} "
+        f"(> {TOLERANCE:.3f}) over {len(clean)} clean rounds"
     )
