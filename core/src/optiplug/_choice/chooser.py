@@ -1,5 +1,8 @@
 """A registry's implementation choices: measured without blocking, agreed across ranks, kept on disk.
 
+How the rounds decide, contention included, is :mod:`.rounds`'s; this
+module keeps what they decided.
+
 On a CPU torch's foreach paths are slower than its per-tensor loop and fused
 kernels beat both; on a GPU foreach beats the loop. No fixed order is right
 everywhere, and the answer changes with the sizes (launch costs dominate
@@ -34,7 +37,9 @@ written to a JSON file per machine, keyed by the algorithm, the candidates,
 the parameters' sizes, dtype and device, torch's version, the device's name
 and torch's thread count, and a later process with the same key takes it
 from there without measuring (its measurement record says
-``source="cache"``). Only a complete measurement is written. In the
+``source="cache"``). Only a complete measurement that the rounds trust
+(:attr:`~.timing.Measurement.trusted`) is kept or written; in the
+background one in doubt is measured once more. In the
 background, one left provisional because a candidate ran out of warm-up time
 (a first compilation) is measured again once that warm-up is done; nothing
 is measured at exit, where a compilation can fail or abort the interpreter.
@@ -168,7 +173,7 @@ class ImplementationChooser:
         return all(tuning.finished.wait(timeout) for tuning in running)
 
     def decisions(self, agreed: bool = False) -> dict[tuple[Any, ...], Decision]:
-        """The choices kept: key -> (winner, {implementation: median seconds}).
+        """The choices kept: key -> (winner, {implementation: seconds per step}).
 
         Measurements running in the background are waited for first.
 
