@@ -477,9 +477,13 @@ def test_each_registry_owns_its_choices_and_the_modules_keep_none(
     assert chooser_of(second).measurements() == {}  # nothing leaks between registries
     # The choice layer's modules hold constants only: no mutable record lives at module level.
     import optiplug._choice.chooser as chooser_module
+    import optiplug._choice.questions as questions_module
+    import optiplug._choice.rounds as rounds_module
     import optiplug._choice.timing as timing_module
+    import optiplug._choice.warmup as warmup_module
 
-    for module in (chooser_module, timing_module):
+    modules = (chooser_module, questions_module, rounds_module, timing_module, warmup_module)
+    for module in modules:
         mutable = [
             name
             for name, value in vars(module).items()

@@ -8,6 +8,10 @@ receives that chooser from the registry. Importing this package is cheap;
 its modules import torch:
 
 * :mod:`.timing`: synthetic parameters, budgets, timing one step (stateless);
+* :mod:`.rounds`: the decision from paired timed rounds, robust to
+  contention, over an injectable timer and clock (pure; no torch);
+* :mod:`.questions`: one choice to make, and the pure rules around it;
+* :mod:`.warmup`: warming a candidate up in a worker thread;
 * :mod:`.chooser`: the chooser, its records, background measurement and the
   agreement across ranks;
 * :mod:`.cache`: measured choices kept on disk per machine.

@@ -211,7 +211,7 @@ def store(
     Args:
         fields: the key (:func:`key_fields`).
         winner: the chosen implementation.
-        timings: median seconds per step of each candidate (``inf`` when not timed).
+        timings: seconds per step of each candidate (``inf`` when not timed).
         file: the cache file; None for :func:`path`.
     """
     target = path() if file is None else file

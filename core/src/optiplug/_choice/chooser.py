@@ -1,5 +1,8 @@
 """A registry's implementation choices: measured without blocking, agreed across ranks, kept on disk.
 
+How the rounds decide, contention included, is :mod:`.rounds`'s; this
+module keeps what they decided.
+
 On a CPU torch's foreach paths are slower than its per-tensor loop and fused
 kernels beat both; on a GPU foreach beats the loop. No fixed order is right
 everywhere, and the answer changes with the sizes (launch costs dominate
@@ -34,7 +37,9 @@ written to a JSON file per machine, keyed by the algorithm, the candidates,
 the parameters' sizes, dtype and device, torch's version, the device's name
 and torch's thread count, and a later process with the same key takes it
 from there without measuring (its measurement record says
-``source="cache"``). Only a complete measurement is written. In the
+``source="cache"``). Only a complete measurement that the rounds trust
+(:attr:`~.timing.Measurement.trusted`) is kept or written; in the
+background one in doubt is measured once more. In the
 background, one left provisional because a candidate ran out of warm-up time
 (a first compilation) is measured again once that warm-up is done; nothing
 is measured at exit, where a compilation can fail or abort the interpreter.
@@ -45,45 +50,41 @@ choice as above.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import math
-import statistics
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from .._core import decision as _decision
 from .._core import ranks as _ranks
-from .._core.decision import Prepared
 from .._core.env import env_flag
-from .._core.lifecycle import set_training
 from .._core.registry import bound_registry
 from .._core.specs import ImplementationSpec
-from ..errors import HyperparameterError, OptimizerUnavailableError, PluginWarning
+from ..errors import PluginWarning
 from . import cache as _stored
+from .questions import Question, cache_key, forced, plugin_of, switchable
+from .questions import ranked as by_priority
+from .questions import slowest_rank as _slowest_rank
+from .rounds import Clock, StepTimer, Verdict, run_rounds
 from .timing import (
     MAX_BUDGET,
-    TIMED_ROUNDS,
     WARMUP_STEPS,
     Measurement,
+    OptimizerTimer,
     availability_reason,
     budgets,
     copies,
-    synchronize,
     synthetic_parameters,
     tensor_kinds,
-    time_steps,
-    timed_step,
 )
+from .warmup import Cancelled, Warmup, call_at_exit
 
 __all__ = ["ImplementationChooser", "Tuning", "chooser_of"]
 
@@ -91,7 +92,10 @@ _EXIT_WAIT = 300.0
 """Seconds a background thread is waited for at exit (it ends its current step)."""
 
 Decision = tuple[str, dict[str, float]]
-"""``(winner, {implementation: median seconds})``."""
+"""``(winner, {implementation: seconds per step})``."""
+
+TimerFactory = Callable[[Mapping[str, torch.optim.Optimizer], torch.device], StepTimer]
+"""Makes the :class:`~.rounds.StepTimer` of one measurement from its optimizers and their device."""
 
 
 @attrs.define(eq=False)
@@ -121,122 +125,6 @@ class Tuning:
         return not self.finished.is_set()
 
 
-@attrs.frozen(eq=False)
-class _Question:
-    """One choice to make: which of ``ranked`` runs ``params`` fastest.
-
-    Attributes:
-        key: ``(algorithm, device type, dtype, candidate names)``.
-        algorithm: the algorithm's name.
-        ranked: the candidates, by declared priority then name.
-        params: the user's parameter tensors (only their metadata is read).
-        hparams: hyperparameters to time with.
-        config: their validated config instance, or None.
-    """
-
-    key: tuple[Any, ...]
-    algorithm: str
-    ranked: tuple[ImplementationSpec, ...]
-    params: tuple[torch.Tensor, ...]
-    hparams: Mapping[str, Any]
-    config: Any = None
-
-    def named(self, name: str) -> ImplementationSpec:
-        """The candidate called ``name``."""
-        return next(impl for impl in self.ranked if impl.name == name)
-
-
-def _ranked(candidates: Sequence[ImplementationSpec]) -> tuple[ImplementationSpec, ...]:
-    return tuple(sorted(candidates, key=lambda impl: (-impl.priority, impl.name)))
-
-
-def _plugin(impl: ImplementationSpec) -> str:
-    return impl.provider.plugin if impl.provider is not None else ""
-
-
-class _Cancelled(Exception):
-    """A background measurement stopped because the interpreter is exiting."""
-
-
-class _Warmup:
-    """Build one candidate and run its untimed steps, in a worker thread."""
-
-    def __init__(
-        self,
-        impl: ImplementationSpec,
-        sample: list[torch.Tensor],
-        hparams: Mapping[str, Any],
-        device: torch.device,
-        config: Any = None,
-    ) -> None:
-        self.impl = impl
-        self.sample = sample
-        self.hparams = dict(hparams)
-        self.config = config
-        self.device = device
-        self.threads = torch.get_num_threads()
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.error: Exception | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, name=f"optiplug-autotune-{impl.algorithm}-{impl.name}", daemon=True
-        )
-
-    def _run(self) -> None:
-        try:
-            # OpenMP's thread count is per thread: a new thread starts from the
-            # default, and a kernel compiled here would fix that count in its code.
-            torch.set_num_threads(self.threads)
-            context = (
-                torch.cuda.device(self.device)
-                if self.device.type == "cuda"
-                else contextlib.nullcontext()
-            )
-            with context:
-                decided = Prepared(
-                    self.impl.algorithm, self.sample, self.hparams, self.config, self.impl
-                )
-                optimizer = _decision.build(self.impl.factory, decided)
-                set_training(optimizer, True)  # schedule-free optimizers step in training mode
-                step = timed_step(optimizer)
-                for _ in range(WARMUP_STEPS):
-                    if self.stop.is_set():
-                        return
-                    step()
-                synchronize(self.device)
-            self.optimizer = optimizer
-        except Exception as error:
-            self.error = error
-
-    def within(self, seconds: float) -> bool:
-        """Start and wait up to ``seconds``; False (and asked to stop) when still running."""
-        self.thread.start()
-        self.thread.join(min(max(seconds, 0.0), MAX_BUDGET))
-        if self.thread.is_alive():
-            self.stop.set()
-            return False
-        return True
-
-
-def _call_at_exit(method: weakref.WeakMethod[Callable[[], None]]) -> None:
-    """Run ``method`` (while its object lives) before executors shut down at exit.
-
-    Compilers run their work on ``concurrent.futures`` executors, which shut
-    down in threading's own exit hooks; a warm-up still compiling must end
-    its step before that, or the interpreter aborts. Those hooks are
-    registered through ``threading._register_atexit`` (the one place a
-    private name is used: public :mod:`atexit` runs too late); a Python
-    without it gets :mod:`atexit`.
-    """
-
-    def finish() -> None:
-        bound = method()
-        if bound is not None:
-            bound()
-
-    getattr(threading, "_register_atexit", atexit.register)(finish)
-
-
 class ImplementationChooser:
     """The implementation choices of one registry, and the records of how they were made.
 
@@ -244,7 +132,18 @@ class ImplementationChooser:
     is shared between choosers except the cache file on disk.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, timer: TimerFactory | None = None, clock: Clock | None = None) -> None:
+        """A chooser with nothing decided yet.
+
+        Args:
+            timer: makes the timer of one measurement's rounds from the
+                warmed-up optimizers and their device (default
+                :class:`~.timing.OptimizerTimer`: one real step, wall and CPU time).
+            clock: the clock the rounds' deadline is read on (default
+                :func:`time.perf_counter`).
+        """
+        self._timer: TimerFactory = OptimizerTimer if timer is None else timer
+        self._clock: Clock = time.perf_counter if clock is None else clock
         self._lock = threading.Lock()
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._agreed: dict[tuple[Any, ...], Decision] = {}
@@ -257,7 +156,7 @@ class ImplementationChooser:
         self._agreement: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
             f"optiplug_agreement_{id(self):x}", default=None
         )
-        _call_at_exit(weakref.WeakMethod(self._finish_background_work))
+        call_at_exit(weakref.WeakMethod(self._finish_background_work))
 
     # ------------------------------------------------------------ records
     def wait_for_measurements(self, timeout: float | None = None) -> bool:
@@ -274,7 +173,7 @@ class ImplementationChooser:
         return all(tuning.finished.wait(timeout) for tuning in running)
 
     def decisions(self, agreed: bool = False) -> dict[tuple[Any, ...], Decision]:
-        """The choices kept: key -> (winner, {implementation: median seconds}).
+        """The choices kept: key -> (winner, {implementation: seconds per step}).
 
         Measurements running in the background are waited for first.
 
@@ -355,7 +254,7 @@ class ImplementationChooser:
             impl: the implementation that raised.
             error: what it raised.
         """
-        key = (impl.algorithm, impl.name, _plugin(impl))
+        key = (impl.algorithm, impl.name, plugin_of(impl))
         text = f"{type(error).__name__}: {error}"
         with self._lock:
             first = key not in self._failures
@@ -428,7 +327,7 @@ class ImplementationChooser:
                 run on this machine (its availability check gives the reason).
         """
         if impl is not None:
-            return _forced(algorithm, candidates, impl, params)
+            return forced(algorithm, candidates, impl, params)
         runnable = self._runnable(algorithm, candidates, params)
         if not runnable:
             return None
@@ -472,7 +371,7 @@ class ImplementationChooser:
             EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE`` or
                 ``OPTIPLUG_AUTOTUNE_CACHE`` is not a boolean word.
         """
-        ranked = _ranked(candidates)
+        ranked = by_priority(candidates)
         if len(ranked) == 1 or not params or not env_flag("OPTIPLUG_AUTOTUNE", default=True):
             return ranked[0]
         agreement = self._agreement.get()
@@ -480,7 +379,7 @@ class ImplementationChooser:
             return ranked[0]
         first = params[0]
         key = (algorithm, first.device.type, first.dtype, tuple(impl.name for impl in ranked))
-        question = _Question(key, algorithm, ranked, tuple(params), hparams, config)
+        question = Question(key, algorithm, ranked, tuple(params), hparams, config)
         if agreement is not None:
             return question.named(self._agreed_choice(question, agreement)[0])
         return question.named(self._own_choice(question, follow))
@@ -520,13 +419,12 @@ class ImplementationChooser:
         per_candidate, overall = budgets(device) if budget is None else budget
         started = time.perf_counter()
         sample = synthetic_parameters(params)
-        ranked = _ranked(candidates)
+        ranked = by_priority(candidates)
         ready, dropped, late = self._warm_all(
             ranked, sample, hparams, (per_candidate, started + overall), config
         )
-        times = self._timed_rounds(ranked, ready, dropped, device, started + overall)
-        timings = {impl.name: math.inf for impl in ranked}
-        timings.update({name: statistics.median(values) for name, values in times.items()})
+        verdict = self._timed_rounds(ranked, ready, dropped, device, started + overall)
+        timings = {impl.name: math.inf for impl in ranked} | verdict.timings
         return Measurement(
             winner=min(ranked, key=lambda impl: timings[impl.name]).name,
             timings=timings,
@@ -535,6 +433,11 @@ class ImplementationChooser:
             tensors=len(sample),
             elements=sum(t.numel() for t in sample),
             seconds=time.perf_counter() - started,
+            # None timed (every candidate raised): nothing contention could change.
+            trusted=verdict.trusted or verdict.winner is None,
+            doubt=verdict.reason if verdict.winner is not None else "",
+            rounds=verdict.rounds,
+            preempted=verdict.preempted,
         )
 
     # ------------------------------------------------------------ internals
@@ -567,22 +470,17 @@ class ImplementationChooser:
         dropped: dict[str, str],
         device: torch.device,
         deadline: float,
-    ) -> dict[str, list[float]]:
-        """Interleaved rounds of one timed step each, the order rotating; raisers are dropped."""
-        times: dict[str, list[float]] = {name: [] for name in ready}
-        for index in range(TIMED_ROUNDS):
-            if index and time.perf_counter() > deadline:
-                break
-            names = list(times)
-            shift = index % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                try:
-                    times[name].append(time_steps(ready[name], 1, device))
-                except Exception as error:
-                    self.report_failure(next(i for i in ranked if i.name == name), error)
-                    dropped[name] = f"raised while timed: {type(error).__name__}: {error}"
-                    del times[name]
-        return times
+    ) -> Verdict:
+        """Paired rounds of the warmed-up candidates (:func:`~.rounds.run_rounds`); raisers dropped."""
+        names = [impl.name for impl in ranked if impl.name in ready]
+
+        def failed(name: str, error: Exception) -> None:
+            self.report_failure(next(i for i in ranked if i.name == name), error)
+            dropped[name] = f"raised while timed: {type(error).__name__}: {error}"
+
+        remaining = deadline - time.perf_counter()
+        timer = self._timer({name: ready[name] for name in names}, device)
+        return run_rounds(names, timer, self._clock, self._clock() + remaining, failed)
 
     def _warm(
         self,
@@ -599,7 +497,7 @@ class ImplementationChooser:
         Returns:
             None, or ``(reason, whether it ran out of time)``.
         """
-        key = (impl.algorithm, impl.name, _plugin(impl), str(device))
+        key = (impl.algorithm, impl.name, plugin_of(impl), str(device))
         if self._still_warming(key):
             return (
                 "its warm-up from an earlier measurement is still running in the background",
@@ -609,7 +507,7 @@ class ImplementationChooser:
         allowed = min(per_candidate, deadline - time.perf_counter())
         if allowed <= 0:
             return "the overall time budget was spent before its warm-up", True
-        warmup = _Warmup(impl, copies(sample), hparams, device, config)
+        warmup = Warmup(impl, copies(sample), hparams, device, config)
         if not warmup.within(allowed):
             with self._lock:
                 self._warming[key] = warmup.thread
@@ -636,9 +534,9 @@ class ImplementationChooser:
         return running is not None
 
     def _stop_if_exiting(self) -> None:
-        """Raise :class:`_Cancelled` in a background thread once the interpreter exits."""
+        """Raise :class:`Cancelled` in a background thread once the interpreter exits."""
         if self._exiting.is_set() and threading.current_thread() is not threading.main_thread():
-            raise _Cancelled
+            raise Cancelled
 
     def _finish_background_work(self) -> None:
         """At exit: start nothing more, and let running warm-ups end their current step.
@@ -655,7 +553,7 @@ class ImplementationChooser:
         for thread in threads:
             thread.join(_EXIT_WAIT)
 
-    def _own_choice(self, question: _Question, follow: list[Tuning] | None) -> str:
+    def _own_choice(self, question: Question, follow: list[Tuning] | None) -> str:
         """This process's choice: kept, or from the cache file, or measured (maybe in the background)."""
         with self._lock:
             kept = self._decisions.get(question.key)
@@ -664,13 +562,13 @@ class ImplementationChooser:
         stored = self._stored_choice(question)
         if stored is not None:
             return stored[0]
-        if follow is not None and _switchable(question.ranked):
+        if follow is not None and switchable(question.ranked):
             tuning = self._background(question)
             follow.append(tuning)
             return tuning.ready
         return self._measured_choice(question)[0]
 
-    def _agreed_choice(self, question: _Question, agreement: torch.device) -> Decision:
+    def _agreed_choice(self, question: Question, agreement: torch.device) -> Decision:
         """Measured on every rank, the slowest rank's times deciding; the cache file is not used."""
         with self._lock:
             kept = self._agreed.get(question.key)
@@ -690,9 +588,9 @@ class ImplementationChooser:
             self._agreed[question.key] = (winner, timings)
         return winner, timings
 
-    def _stored_choice(self, question: _Question) -> Decision | None:
+    def _stored_choice(self, question: Question) -> Decision | None:
         """The choice the cache file holds for these parameters (then kept in memory), or None."""
-        where = _cache_key(question)
+        where = cache_key(question)
         started = time.perf_counter()
         stored = None if where is None else _stored.load(*where)
         if stored is not None:
@@ -704,9 +602,9 @@ class ImplementationChooser:
                 self._decisions[question.key] = stored
         return stored
 
-    def _measured_choice(self, question: _Question) -> Decision:
+    def _measured_choice(self, question: Question) -> Decision:
         """Measure now; keep the choice (unless provisional) and write it to the cache file."""
-        where = _cache_key(question)
+        where = cache_key(question)
         found = self.measure(
             question.algorithm,
             question.ranked,
@@ -714,16 +612,17 @@ class ImplementationChooser:
             question.hparams,
             config=question.config,
         )
+        keep = found.trusted and not found.late  # a provisional or doubtful one is not kept
         with self._lock:
             self._measurements[question.key] = found
-            if not found.late:
+            if keep:
                 self._decisions[question.key] = (found.winner, found.timings)
-        if where is not None and not found.late:  # a provisional measurement is not written
+        if where is not None and keep:
             fields, file = where
             _stored.store(fields, found.winner, found.timings, file)
         return found.winner, found.timings
 
-    def _background(self, question: _Question) -> Tuning:
+    def _background(self, question: Question) -> Tuning:
         """The :class:`Tuning` of ``question``: the one running, or a new one, started."""
         ready = next((impl for impl in question.ranked if not impl.compiles), question.ranked[0])
         with self._lock:
@@ -743,14 +642,17 @@ class ImplementationChooser:
         tuning.thread.start()
         return tuning
 
-    def _measure_in_background(self, question: _Question, tuning: Tuning, threads: int) -> None:
+    def _measure_in_background(self, question: Question, tuning: Tuning, threads: int) -> None:
         """The background thread of :meth:`_background`: measure, and again if provisional."""
         try:
             torch.set_num_threads(threads)
             tuning.winner = self._measured_choice(question)[0]
-            if self._measurements[question.key].late:  # a first compilation outlasted its budget
+            found = self._measurements[question.key]
+            if found.late:  # a first compilation outlasted its budget
                 tuning.winner = self._measured_again(question)
-        except _Cancelled:  # the interpreter is exiting: keep the ready implementation
+            elif not found.trusted:  # contention left it in doubt: once more, then the best guess
+                tuning.winner = self._measured_choice(question)[0]
+        except Cancelled:  # the interpreter is exiting: keep the ready implementation
             pass
         except Exception as error:  # keep the ready implementation; say why once
             self.report_failure(question.ranked[0], error)
@@ -759,7 +661,7 @@ class ImplementationChooser:
                 self._tunings.pop(question.key, None)
             tuning.finished.set()
 
-    def _measured_again(self, question: _Question) -> str:
+    def _measured_again(self, question: Question) -> str:
         """Once the late candidates' warm-ups (their one-time cost) are done, measure again.
 
         Still in the background, while training goes on: the optimizer then
@@ -823,75 +725,3 @@ def chooser_of(registry: Any = None) -> ImplementationChooser:
             f"the registry's chooser is a {type(chooser).__name__}, not an ImplementationChooser"
         )
     return chooser
-
-
-def _forced(
-    algorithm: str,
-    candidates: Sequence[ImplementationSpec],
-    impl: str,
-    params: Sequence[torch.Tensor],
-) -> ImplementationSpec:
-    """The forced implementation ``impl``, checked: it exists, is available and runs ``params``."""
-    chosen = next((c for c in candidates if c.name == impl), None)
-    if chosen is None:
-        names = ", ".join(sorted(c.name for c in candidates)) or "none registered"
-        raise HyperparameterError(
-            "impl", impl, f"no such implementation; available: {names}", algorithm=algorithm
-        )
-    reason = availability_reason(chosen)
-    if reason is not None:
-        origin = f" from plugin {chosen.provider}" if chosen.provider is not None else ""
-        raise OptimizerUnavailableError(
-            f"{algorithm}: implementation {impl!r}{origin} (impl={impl!r}) is unavailable "
-            f"on this machine: {reason}"
-        )
-    if not chosen.can_run(params):
-        raise HyperparameterError(
-            "impl",
-            impl,
-            f"does not support these parameters ({tensor_kinds(params)})",
-            algorithm=algorithm,
-        )
-    return chosen
-
-
-def _switchable(ranked: Sequence[ImplementationSpec]) -> bool:
-    """Whether every candidate is one optimizer class, which can switch between them."""
-    try:
-        classes = {_decision.prepared_class(impl.factory) for impl in ranked}
-    except Exception:  # a factory that cannot be imported: measured (and reported) as before
-        return False
-    (found,) = classes if len(classes) == 1 else (None,)
-    return found is not None and callable(getattr(found, "switch_implementation", None))
-
-
-def _cache_key(question: _Question) -> tuple[dict[str, Any], Path] | None:
-    """This choice's key in the cache file, and the file; None when it is not used.
-
-    It is not used when ``OPTIPLUG_AUTOTUNE_CACHE`` is off, under several
-    ranks, or when no cache directory can be named (no home directory).
-
-    Raises:
-        EnvironmentVariableError: ``OPTIPLUG_AUTOTUNE_CACHE`` is not a boolean word.
-    """
-    if not _stored.enabled() or _ranks.world_size() > 1:
-        return None
-    try:
-        file = _stored.path()
-    except (RuntimeError, KeyError):  # Path.home() without a home directory
-        return None
-    first = question.params[0]
-    names = [impl.name for impl in question.ranked]
-    shapes = [tuple(p.shape) for p in question.params]
-    return _stored.key_fields(question.algorithm, names, shapes, first.dtype, first.device), file
-
-
-def _slowest_rank(timings: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Each implementation's time on the slowest rank (one MAX all-reduce).
-
-    MAX is exact, so every rank gets bit-identical times and the same winner.
-    """
-    names = list(timings)
-    values = torch.tensor([timings[name] for name in names], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
-    return dict(zip(names, values.tolist(), strict=True))

@@ -13,9 +13,11 @@ How a choice is measured (:meth:`ImplementationChooser.measure
   joined with a time budget (:func:`budgets`): a candidate whose warm-up
   exceeds it is dropped from timing, with the reason recorded, and finishes
   its current step in the background instead of being waited for;
-* the others are timed in :data:`TIMED_ROUNDS` interleaved rounds of one
-  step each (the order rotating), and each one's time is the median; rounds
-  after the first stop when the overall budget is spent.
+* the others are timed in paired rounds of one step each (the order
+  rotating) by :mod:`.rounds`, which decides from the ratios within rounds,
+  sees preemption in the CPU time the timing thread got (:class:`OptimizerTimer`)
+  and goes on timing while the decision is in doubt; rounds after the first
+  stop when the overall budget is spent.
 
 Nothing here keeps state: the records of what was measured belong to a
 registry's chooser.
@@ -29,15 +31,21 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 from .._core.lifecycle import set_training
 from .._core.specs import ImplementationSpec
 from ..errors import HyperparameterError
+from .rounds import MIN_ROUNDS, StepSample
 
 __all__ = [
     "BUDGET_VARIABLE",
@@ -45,6 +53,7 @@ __all__ = [
     "TIMED_ROUNDS",
     "WARMUP_STEPS",
     "Measurement",
+    "OptimizerTimer",
     "availability_reason",
     "budgets",
     "copies",
@@ -59,8 +68,8 @@ __all__ = [
 WARMUP_STEPS = 2
 """Untimed steps per candidate: the first pays compilation and state allocation."""
 
-TIMED_ROUNDS = 5
-"""Interleaved rounds of one timed step per candidate; a candidate's time is their median."""
+TIMED_ROUNDS = MIN_ROUNDS
+"""Paired rounds of one timed step per candidate always timed (:data:`.rounds.MIN_ROUNDS`)."""
 
 BUDGET_VARIABLE = "OPTIPLUG_AUTOTUNE_BUDGET"
 """Environment variable: seconds one candidate's warm-up may take (the overall budget is twice)."""
@@ -76,6 +85,9 @@ larger value means "no limit", and counts as this (beyond about 9.2e9 s a wait c
 
 _OVERALL_FACTOR = 2.0
 
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+"""Per-thread resource usage (Linux); None where the system has none."""
+
 
 @attrs.frozen
 class Measurement:
@@ -84,8 +96,9 @@ class Measurement:
     Attributes:
         winner: the fastest timed candidate (by priority, then name, when none
             could be timed).
-        timings: median seconds per step of every candidate; ``math.inf`` for
-            one that was dropped or raised.
+        timings: seconds per step of every candidate (its typical step time,
+            placed by its paired ratios to the others: see :mod:`.rounds`);
+            ``math.inf`` for one that was dropped or raised.
         dropped: candidate -> why it was not timed (its warm-up exceeded the
             budget, is still running from an earlier measurement, or raised).
         late: the dropped candidates that ran out of time (not those that
@@ -98,6 +111,12 @@ class Measurement:
             ones, ``tensors`` and ``elements`` are 0), or ``"pending"``: being
             measured in the background, ``winner`` being the implementation
             in use meanwhile (no timings yet).
+        trusted: whether the rounds decided beyond doubt (:mod:`.rounds`); a
+            measurement in doubt is neither kept nor written to the cache file.
+        doubt: why it is in doubt ("" when trusted).
+        rounds: how many paired rounds were timed.
+        preempted: the share of timed steps during which the timing thread
+            was preempted (see :class:`OptimizerTimer`).
     """
 
     winner: str
@@ -108,6 +127,10 @@ class Measurement:
     elements: int = 0
     seconds: float = 0.0
     source: str = "measured"
+    trusted: bool = True
+    doubt: str = ""
+    rounds: int = 0
+    preempted: float = 0.0
 
 
 def sample_bound(device: torch.device) -> int:
@@ -284,6 +307,52 @@ def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.devic
         synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class OptimizerTimer:
+    """The chooser's :class:`~.rounds.StepTimer`: one real step of a warmed-up optimizer.
+
+    Reports the step's wall time and, on a CPU, what the scheduler did to
+    the calling thread meanwhile, which runs a CPU step itself (it is its
+    OpenMP team's first thread): its involuntary context switches where the
+    system counts them per thread (``getrusage(RUSAGE_THREAD)``, Linux),
+    else its CPU time (:func:`time.thread_time`). Its CPU time alone would
+    call every multi-threaded step preempted, as the first thread sleeps at
+    each barrier while the others finish. A CUDA step waits in a
+    synchronize, so there it reports neither.
+
+    Args:
+        optimizers: the candidates' optimizers by name.
+        device: their device (synchronized around each CUDA step).
+    """
+
+    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer], device: torch.device):
+        for optimizer in optimizers.values():
+            set_training(optimizer, True)  # a schedule-free optimizer steps in training mode only
+        self._steps = {name: timed_step(optimizer) for name, optimizer in optimizers.items()}
+        self._device = torch.device(device)
+
+    def __call__(self, name: str) -> StepSample:
+        """Take and time one step of ``name``."""
+        step = self._steps[name]
+        synchronize(self._device)
+        switches, wall, cpu = _switches(), time.perf_counter(), time.thread_time()
+        step()
+        synchronize(self._device)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        if self._device.type == "cuda":
+            return StepSample(wall)
+        after = _switches()
+        return StepSample(
+            wall, cpu, None if switches is None or after is None else after - switches
+        )
+
+
+def _switches() -> int | None:
+    """The calling thread's involuntary context switches so far, where the system counts them."""
+    if _RUSAGE_THREAD is None:
+        return None
+    return int(resource.getrusage(_RUSAGE_THREAD).ru_nivcsw)
 
 
 def timed_step(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
