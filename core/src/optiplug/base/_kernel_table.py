@@ -266,7 +266,8 @@ class KernelTableOptimizer(ContractOptimizer):
         slots = [state.get(name) for name in source.slots] if state else []
         grad = param.grad
         scalars = self._state_kernel_scalars(group)
-        kernel = state_kernel_or_none(source) if scalars is not None else None
+        # never waits: None while it builds in the background, and the decoding path steps
+        kernel = state_kernel_or_none(source, wait=False) if scalars is not None else None
         precision = group_precision(group)
         if kernel is None or grad is None or not kernel.applies(param, grad, slots, precision):
             return False

@@ -55,7 +55,7 @@ def fused_sgd_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], para
         return False
     state = optimizer.state.get(param)
     slots = [state.get("momentum_buffer")] if state else []
-    kernel = state_kernel_or_none(SGD_STATE_KERNEL)
+    kernel = state_kernel_or_none(SGD_STATE_KERNEL, wait=False)
     grad = param.grad
     if (
         kernel is None
