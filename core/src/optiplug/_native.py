@@ -15,7 +15,9 @@ compiler. A training step never waits: :func:`library_when_ready` starts
 the build in a background thread (the compiler is a subprocess) on first
 need and returns None until the library is loaded, so the step runs its
 torch ops meanwhile and takes the C kernel from a later step on; both
-write the same state layout. The library is kept in ``kernels/`` under
+write the same state layout. The background builds run one at a time, in
+the order they were first asked for, so one compiler at most competes with
+the steps for the cores. The library is kept in ``kernels/`` under
 optiplug's cache directory (``$OPTIPLUG_CACHE_DIR``, else the platform's
 user cache directory; see :func:`optiplug._core.env.cache_directory`), named
 by a digest of the source, the compiler's identity, the flags and the CPU
@@ -49,6 +51,7 @@ import functools
 import hashlib
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -221,15 +224,28 @@ def _background_build(source: str, name: str) -> _Build:
             return build
         build = _BUILDS[key] = _Build()
     # the inputs are read here, in the caller's thread and environment
-    arguments = (build, source, name, wanted, _kernel_directory())
-    threading.Thread(
-        target=_build_aside, args=arguments, name=f"optiplug-build-{name}", daemon=True
-    ).start()
+    _QUEUE.put((build, source, name, wanted, _kernel_directory()))
+    with _BUILDS_LOCK:
+        global _worker
+        if _worker is None:
+            _worker = threading.Thread(target=_build_queued, name="optiplug-build", daemon=True)
+            _worker.start()
     return build
 
 
+_QUEUE: queue.SimpleQueue[tuple[_Build, str, str, str, Path]] = queue.SimpleQueue()
+"""The builds asked for, built one at a time in order (one compiler competes with the steps)."""
+_worker: threading.Thread | None = None
+
+
+def _build_queued() -> None:
+    """The background thread: the queued builds, first asked first built."""
+    while True:
+        _build_aside(*_QUEUE.get())
+
+
 def _build_aside(build: _Build, source: str, name: str, wanted: str, directory: Path) -> None:
-    """The background thread of :func:`_background_build`."""
+    """One background build: ``build`` is done when its library is loaded or it failed."""
     try:
         build.library = _built(source, name, wanted, directory)
     except NativeBuildError as error:

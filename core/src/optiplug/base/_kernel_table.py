@@ -263,7 +263,9 @@ class KernelTableOptimizer(ContractOptimizer):
         if source is None or self._impl != "fused" or torch.compiler.is_compiling():
             return False
         state = self.state.get(param)
-        slots = [state.get(name) for name in source.slots] if state else []
+        if not state:  # the first step creates it (and asks for the codec's C loops first)
+            return False
+        slots = [state.get(name) for name in source.slots]
         grad = param.grad
         scalars = self._state_kernel_scalars(group)
         # never waits: None while it builds in the background, and the decoding path steps

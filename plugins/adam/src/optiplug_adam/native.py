@@ -353,10 +353,13 @@ def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], par
     """
     if torch.compiler.is_compiling() or not _plain_group(optimizer, group):
         return False
-    kernel = native_adam(wait=False)  # its build starts on first need; None while it runs
     state = optimizer.state.get(param)
     slots = _moments(state, group, param) if state else None
-    if kernel is None or state is None or slots is None:
+    if state is None or slots is None:
+        return False
+    # built on first need (after the codec's, which the first step's encoding asks for first)
+    kernel = native_adam(wait=False)  # None while it builds: the torch path steps
+    if kernel is None:
         return False
     step = _incremented(state)
     kernel.step(param, param.grad, slots, _scalars(optimizer, group, step))
