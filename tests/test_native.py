@@ -138,7 +138,7 @@ def test_a_compiler_whose_version_fails_is_named_with_its_exit_code(
 
 
 NO_COMPILER_CHILD = """
-import warnings, torch, optiplug
+import warnings, torch, optiplug, optiplug.errors
 warnings.simplefilter("always")
 param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
 opt = optiplug.create("adamw", [param], lr=1e-3, state_precision="int8", impl="fused")
@@ -151,7 +151,9 @@ with warnings.catch_warnings(record=True) as seen:
             first = param.detach().clone()
             codes = opt.state[param]["exp_avg"].codes.clone()
 torch.save({{"param": first, "codes": codes}}, {out!r})
-print(sum("C kernels are unavailable" in str(w.message) for w in seen))
+said = [str(w.message) for w in seen if "C kernels are unavailable" in str(w.message)]
+print(all("10x slower" in m and "point CC at one" in m and "OPTIPLUG_NATIVE=0" in m for m in said))
+print(sum(w.category is optiplug.errors.PluginWarning for w in seen if str(w.message) in said))
 """
 
 
@@ -172,7 +174,8 @@ def test_without_a_compiler_int8_adamw_warns_once_and_steps_as_the_c_path(
         env={**_environment(), "CC": "/nonexistent", "OPTIPLUG_CACHE_DIR": str(tmp_path / "c")},
     )
     assert child.returncode == 0, child.stderr
-    assert child.stdout.strip().splitlines()[-1] == "1"  # one warning, for every kernel
+    *_, names_cost_and_fix, warned = child.stdout.strip().splitlines()
+    assert warned == "1" and names_cost_and_fix == "True"  # one warning, for every kernel
     torch_path = torch.load(out)
     param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
     start = param.detach().clone()

@@ -4,10 +4,13 @@
 compiler, but its first build in a process costs 6-20 s on two cores
 (importing dynamo and inductor takes about 2.5 s, and its code is built
 against ATen's headers). A page of plain C loops builds faster, but not at
-once: measured on a 2-core CPU with GCC and ``-O3 -march=native``, about
-0.3 s for Lion's fused kernel, 0.9 s for the codec's loops and 5.9 s for
-Adam's C state step (its AVX-512 paths unrolled); loading one kept from an
-earlier process takes milliseconds.
+once. Measured from an empty cache with GCC and ``-O3 -march=native
+-fopenmp`` on two shared cores (``benchmarks/bench_first_steps.py
+--state-precision int8``): Lion's fused kernel 0.09-0.18 s, the codec's
+loops 0.3-0.8 s, the SGD and Lion state steps 0.4-1.3 s and Adam's C state
+step 1.8-4.8 s (its AVX-512 paths unrolled), about three times as long
+while training steps keep both cores busy; loading one kept from an earlier
+process takes under a millisecond.
 
 :func:`build_c_library` builds a C source into a shared library and loads
 it with :mod:`ctypes` (whose calls release the GIL), waiting for the
@@ -302,9 +305,13 @@ def _compiler(wanted: str) -> tuple[str, str]:
     return found, (run.stdout.splitlines() or [""])[0]
 
 
-UNBUILT_COST = "17-36x slower per int8 AdamW step on a 2-core CPU"
-"""What running without the C kernels cost where it was measured (5 steps: 0.35-0.73 s
-against 0.02 s)."""
+UNBUILT_COST = (
+    "each int8 AdamW step roughly 10x slower on a 2-core CPU, and far more while the "
+    "machine is busy"
+)
+"""What running without the C kernels costs where it was measured: int8 AdamW over 4 x 2**18
+parameters, the median step after the C step was loaded against ``OPTIPLUG_NATIVE=0``'s, 32
+against 303 ms on two shared cores (9.5x; 327x on a busier run; see docs/performance.md)."""
 
 
 @functools.cache
