@@ -21,6 +21,17 @@ against the bench's best. ``--native off`` sets ``OPTIPLUG_NATIVE=0``
 
     python benchmarks/bench_first_steps.py                 # lion, 64 x 1M parameters
     python benchmarks/bench_first_steps.py --native off    # the torch.compile path
+
+``--state-precision int8`` (or ``int4``, ``bf16``) measures instead the first
+steps of ``adamw`` with its state in that precision and ``impl="fused"``,
+whose C state step and the codec's C loops are built on first need in a
+background thread while the steps run the torch ops: each step's time in a
+fresh process with an empty cache directory, against the same with
+``OPTIPLUG_NATIVE=0`` (the torch ops throughout), the step from which the C
+step ran, and each C library's build time from an empty cache and its load
+time from a kept one.
+
+    python benchmarks/bench_first_steps.py --state-precision int8 --tensors 16 --numel 262144
 """
 
 from __future__ import annotations
@@ -78,6 +89,88 @@ print(json.dumps({impl: statistics.median(t) for impl, t in times.items()}))
 """
 
 
+_RUN_STATE = r"""
+import json, sys, time
+import torch
+import optiplug
+from optiplug_adam.native import native_adam
+precision, tensors, numel, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+generator = torch.Generator().manual_seed(0)
+params = [torch.nn.Parameter(torch.randn(numel, generator=generator)) for _ in range(tensors)]
+for param in params:
+    param.grad = torch.randn(numel, generator=generator) * 1e-3
+optimizer = optiplug.create("adamw", params, lr=1e-4, state_precision=precision, impl="fused")
+rows, started = [], time.perf_counter()
+for _ in range(steps):
+    begin = time.perf_counter()
+    optimizer.step()
+    rows.append([time.perf_counter() - begin, native_adam(wait=False) is not None])
+print(json.dumps({"steps": rows, "seconds": time.perf_counter() - started}))
+"""
+
+_BUILD_TIMES = r"""
+import json, time
+from optiplug.base import build_c_library
+from optiplug._state import native_codec
+from optiplug_adam import native as adam
+from optiplug_lion import native as lion
+from optiplug_lion.optimizer import Lion
+from optiplug_sgd.native import SGD_STATE_KERNEL
+sources = {
+    "codec": (native_codec._SOURCE, "optiplug-codec"),
+    "adam state step": (adam._SOURCE, "optiplug-adam"),
+    "sgd state step": (SGD_STATE_KERNEL.c_source(), SGD_STATE_KERNEL.name),
+    "lion state step": (Lion.state_kernel.c_source(), Lion.state_kernel.name),
+    "lion fused": (lion._SOURCE, "optiplug-lion"),
+}
+found = {}
+for label, (source, name) in sources.items():
+    begin = time.perf_counter(); build_c_library(source, name=name)
+    built = time.perf_counter() - begin
+    begin = time.perf_counter(); build_c_library(source, name=name)
+    found[label] = [built, time.perf_counter() - begin]
+print(json.dumps(found))
+"""
+
+
+def _state_precision_steps(args: argparse.Namespace) -> None:
+    """Each of the first steps of ``adamw`` in ``args.state_precision``, native on and off."""
+    sizes = [args.state_precision, str(args.tensors), str(args.numel), str(args.steps)]
+    runs = {}
+    for native in ("1", "0"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "OPTIPLUG_CACHE_DIR": cache, "OPTIPLUG_NATIVE": native}
+            runs[native] = _run(_RUN_STATE, sizes, env)
+    with tempfile.TemporaryDirectory() as cache:
+        builds = _run(_BUILD_TIMES, [], {**os.environ, "OPTIPLUG_CACHE_DIR": cache})
+    on, off = runs["1"]["steps"], runs["0"]["steps"]
+    c_from = next((index for index, (_, c) in enumerate(on) if c), None)
+    print(
+        f"adamw, state {args.state_precision}, impl fused, {args.tensors} x {args.numel}, "
+        f"fresh process, empty cache; the C step ready from step {c_from}"
+    )
+    print("step  native on (ms)  OPTIPLUG_NATIVE=0 (ms)  on / off")
+    for index, ((mine, c), (theirs, _)) in enumerate(zip(on, off, strict=True)):
+        mark = " C" if c else ""
+        print(
+            f"{index:4d}  {1000 * mine:12.1f}{mark:2s}  {1000 * theirs:22.1f}  {mine / theirs:8.2f}"
+        )
+    late = on[c_from + 1 :] if c_from is not None else []
+    if late:
+        c_median = statistics.median(t for t, _ in late)
+        torch_median = statistics.median(t for t, _ in off[c_from + 1 :])
+        print(
+            f"after the switch: median {1000 * c_median:.1f} ms against {1000 * torch_median:.1f} "
+            f"ms, the torch path {torch_median / c_median:.1f}x slower"
+        )
+    print(
+        f"all {args.steps} steps: {runs['1']['seconds']:.2f} s against {runs['0']['seconds']:.2f} s"
+    )
+    print("build from an empty cache / load from a kept one (s): " + ", ".join(
+        f"{label} {built:.2f} / {loaded:.3f}" for label, (built, loaded) in builds.items()
+    ))  # fmt: skip
+
+
 def _run(code: str, args: list[str], env: dict[str, str]) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False
@@ -103,7 +196,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--impls", default="loop,foreach,fused")
     parser.add_argument("--native", choices=["on", "off"], default="on")
+    parser.add_argument("--state-precision", choices=["int8", "int4", "bf16"], default=None)
     args = parser.parse_args()
+    if args.state_precision is not None:
+        _state_precision_steps(args)
+        return
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as inductor:
         env = {
             **os.environ,

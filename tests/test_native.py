@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optiplug._native import _compiler
+from optiplug._native import FLAG_SETS, _compiler
 from optiplug.base import NativeLibrary, build_c_library
 from optiplug.errors import EnvironmentVariableError, NativeBuildError
 
@@ -138,7 +138,7 @@ def test_a_compiler_whose_version_fails_is_named_with_its_exit_code(
 
 
 NO_COMPILER_CHILD = """
-import warnings, torch, optiplug
+import warnings, torch, optiplug, optiplug.errors
 warnings.simplefilter("always")
 param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
 opt = optiplug.create("adamw", [param], lr=1e-3, state_precision="int8", impl="fused")
@@ -151,7 +151,9 @@ with warnings.catch_warnings(record=True) as seen:
             first = param.detach().clone()
             codes = opt.state[param]["exp_avg"].codes.clone()
 torch.save({{"param": first, "codes": codes}}, {out!r})
-print(sum("C kernels are unavailable" in str(w.message) for w in seen))
+said = [str(w.message) for w in seen if "C kernels are unavailable" in str(w.message)]
+print(all("10x slower" in m and "point CC at one" in m and "OPTIPLUG_NATIVE=0" in m for m in said))
+print(sum(w.category is optiplug.errors.PluginWarning for w in seen if str(w.message) in said))
 """
 
 
@@ -172,7 +174,8 @@ def test_without_a_compiler_int8_adamw_warns_once_and_steps_as_the_c_path(
         env={**_environment(), "CC": "/nonexistent", "OPTIPLUG_CACHE_DIR": str(tmp_path / "c")},
     )
     assert child.returncode == 0, child.stderr
-    assert child.stdout.strip().splitlines()[-1] == "1"  # one warning, for every kernel
+    *_, names_cost_and_fix, warned = child.stdout.strip().splitlines()
+    assert warned == "1" and names_cost_and_fix == "True"  # one warning, for every kernel
     torch_path = torch.load(out)
     param = torch.nn.Parameter(torch.randn(128, 64, generator=torch.Generator().manual_seed(0)))
     start = param.detach().clone()
@@ -190,3 +193,96 @@ def test_without_a_compiler_int8_adamw_warns_once_and_steps_as_the_c_path(
 
 def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("OPTIPLUG_STRICT_PLUGINS", "CC")}
+
+
+def _fake_compiler(folder: Path, body: str) -> Path:
+    """A real executable standing in for the compiler: a shell script running ``body``."""
+    script = folder / "fake-cc"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _real_compiler() -> str:
+    return next(path for path in map(shutil.which, ("cc", "gcc", "clang")) if path)
+
+
+def test_a_compiler_rejecting_openmp_builds_without_it_single_threaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as Apple's clang does: "clang: error: unsupported option '-fopenmp'"
+    rejects = (
+        'for arg in "$@"; do\n  if [ "$arg" = -fopenmp ]; then\n'
+        "    echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1\n  fi\ndone\n"
+    )
+    fake = _fake_compiler(tmp_path, rejects + f'exec {_real_compiler()} "$@"')
+    monkeypatch.setenv("CC", str(fake))
+    built = build_c_library(SOURCE, name="adder-no-openmp")
+    assert not built.openmp and built.flags == FLAG_SETS[1]  # -march=native kept
+    built.library.add.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    built.library.add.restype = ctypes.c_int64
+    assert built.library.add(40, 2) == 42
+    values = (ctypes.c_double * 3)(1, 2, 3)
+    built.library.scale.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+    built.library.scale(ctypes.addressof(values), 3, -2.0)  # its omp pragma ignored
+    assert list(values) == [-2.0, -4.0, -6.0]
+
+
+def test_a_compile_exiting_non_zero_is_named_with_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_cache: Path
+) -> None:
+    fake = _fake_compiler(
+        tmp_path,
+        'if [ "$1" = --version ]; then echo "fake cc 1.0"; exit 0; fi\n'
+        'echo "fake-cc: error: cannot compile" >&2\nexit 2',
+    )
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(NativeBuildError) as caught:
+        build_c_library(SOURCE, name="adder-failing")
+    assert str(caught.value).count("exited 2: fake-cc: error: cannot compile") == len(FLAG_SETS)
+    assert not any(own_cache.glob("*adder-failing*"))  # no partial file left behind
+
+
+def test_a_compile_exiting_zero_without_output_is_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_cache: Path
+) -> None:
+    fake = _fake_compiler(tmp_path, 'echo "fake cc 1.0"\nexit 0')
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(NativeBuildError, match="exited 0 but wrote nothing"):
+        build_c_library(SOURCE, name="adder-empty")
+    assert not any(own_cache.glob("*adder-empty*"))
+
+
+CONCURRENT_CHILD = """
+import sys
+from optiplug.base import build_c_library
+built = build_c_library(sys.argv[1], name="shared")
+print(built.path)
+"""
+
+
+@pytest.mark.slow
+def test_processes_building_into_one_cache_directory_at_once_share_one_whole_file(
+    own_cache: Path,
+) -> None:
+    source = SOURCE.replace("a + b", "a + b + 0")  # built by nobody yet
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_CHILD, source],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+        )
+        for _ in range(4)
+    ]
+    paths = set()
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        paths.add(out.strip())
+    assert len(paths) == 1  # each renamed a whole file into place; every one loaded
+    assert sorted(p.name for p in own_cache.iterdir()) == [Path(paths.pop()).name]
+    loaded = build_c_library(source, name="shared").library
+    loaded.add.argtypes, loaded.add.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
+    assert loaded.add(2, 3) == 5

@@ -27,6 +27,7 @@ from optiplug.base import (
     StateKernel,
     StateKernelSource,
     build_state_kernel,
+    state_kernel_or_none,
 )
 from optiplug.errors import NativeBuildError
 from optiplug.validators import state_precision_field
@@ -46,7 +47,18 @@ EMA = StateKernelSource(
 
 @pytest.fixture(autouse=True)
 def _native_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native kernels on, and the C steps these tests count built before they step.
+
+    A step never waits for a build (it runs the decoding path meanwhile), so
+    a test that counts C steps waits for its kernels here first.
+    """
+    from optiplug_lion.optimizer import Lion
+    from optiplug_sgd.native import SGD_STATE_KERNEL
+
     monkeypatch.delenv("OPTIPLUG_NATIVE", raising=False)
+    for source in (Lion.state_kernel, SGD_STATE_KERNEL, SignEma.state_kernel):
+        assert source is not None
+        assert state_kernel_or_none(source, wait=True) is not None
 
 
 def _stored(value: torch.Tensor, precision: str) -> QuantizedState:
@@ -316,6 +328,7 @@ def test_a_third_party_pipeline_gets_cautious_decay_and_the_int8_c_step(
 ) -> None:
     """Bit for bit against the decoding path of the same class; param_groups never change."""
     cls = _documented_class()
+    assert state_kernel_or_none(cls.state_kernel, wait=True) is not None  # built before stepping
     start = torch.randn(64, 128, generator=torch.Generator().manual_seed(3)) * 10
     fast_p, slow_p = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
     hparams = {"weight_decay": 0.1, "weight_decay_mode": mode, "state_precision": "int8"}

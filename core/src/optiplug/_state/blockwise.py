@@ -151,10 +151,14 @@ def _check_coded_parts(
 
 
 def _native_for(tensor: torch.Tensor) -> NativeCodec | None:
-    """The C codec when ``tensor`` is on a CPU (and the codec builds), else None."""
+    """The C codec when ``tensor`` is on a CPU and the codec is built, else None.
+
+    Never waits for the build: until it is loaded (a background thread builds
+    it) the torch ops run, which write the same codes bit for bit.
+    """
     if tensor.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    return native_codec()
+    return native_codec(wait=False)
 
 
 def _stochastic_bf16(value: torch.Tensor, seed: int) -> torch.Tensor:

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from .._native import NativeLibrary, build_c_library, warn_unbuilt
-from ..errors import NativeBuildError
+from .._native import NativeLibrary, library_when_ready
 from .codec import QuantizedState, _table, group_precision, seed_term
 from .native_codec import RULE_SOURCE, RuleStructure, rule_structure
 from .precision import BLOCK_SIZES, CODE_BITS
@@ -258,21 +257,22 @@ def codec_tables(precision: str, signed: bool, linear: bool = False) -> CodecTab
     return CodecTables(precision, signed, linear)
 
 
-def c_library_or_none(source: str, name: str) -> NativeLibrary | None:
-    """:func:`~optiplug.base.build_c_library`, or None where it cannot be built.
+def c_library_or_none(source: str, name: str, *, wait: bool = True) -> NativeLibrary | None:
+    """:func:`~optiplug.base.build_c_library`, or None where it cannot be built (yet).
 
     A failed build warns once per process (with what running without the C
     kernels costs); ``OPTIPLUG_NATIVE=0`` returns None without a warning.
+    A training step passes ``wait=False``: the first call then starts the
+    build in a background thread and returns None until it is loaded, so
+    the step runs its torch ops meanwhile and never waits for the compiler
+    (:func:`optiplug._native.library_when_ready`).
 
     Args:
         source: the C source.
         name: names the built library.
+        wait: wait for the build (True), or return None while it runs.
     """
-    try:
-        return build_c_library(source, name=name)
-    except NativeBuildError as error:
-        warn_unbuilt(str(error))
-        return None
+    return library_when_ready(source, name=name, wait=wait)
 
 
 def c_step_applies(

@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from .._native import NativeLibrary, build_c_library, warn_unbuilt
-from ..errors import NativeBuildError
+from .._native import NativeLibrary, library_when_ready
 from .code_rule import LOWEST_EXPONENT, code_rule
 
 __all__ = ["RULE_SOURCE", "NativeCodec", "RuleStructure", "native_codec", "rule_structure"]
@@ -280,11 +279,17 @@ def _check_decode_buffers(
         )
 
 
+def native_codec(wait: bool = True) -> NativeCodec | None:
+    """The C codec, built once per process; None without a C compiler or with it switched off.
+
+    Args:
+        wait: wait for the build (True); with False, None while it builds in
+            a background thread (the codec's torch ops write the same codes).
+    """
+    library = library_when_ready(_SOURCE, name="optiplug-codec", wait=wait)
+    return None if library is None else _codec_of(library)
+
+
 @functools.cache
-def native_codec() -> NativeCodec | None:
-    """The C codec, built once per process; None without a C compiler or with it switched off."""
-    try:
-        return NativeCodec(build_c_library(_SOURCE, name="optiplug-codec"))
-    except NativeBuildError as error:
-        warn_unbuilt(str(error))
-        return None
+def _codec_of(library: NativeLibrary) -> NativeCodec:
+    return NativeCodec(library)

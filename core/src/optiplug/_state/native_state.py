@@ -25,8 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from .._native import build_c_library, warn_unbuilt
-from ..errors import NativeBuildError
+from .._native import NativeLibrary, build_c_library, library_when_ready
 from .codec import QuantizedState, seed_term
 from .native_blocks import CODEC_C_SOURCE, c_step_applies, codec_tables
 
@@ -256,17 +255,34 @@ def build_state_kernel(source: StateKernelSource) -> StateKernel:
             An optimizer then steps through the codec's decode-step-encode
             path (:func:`state_kernel_or_none`).
     """
-    return StateKernel(source, build_c_library(source.c_source(), name=source.name))
+    return _kernel_of(source, build_c_library(_c_source(source), name=source.name))
+
+
+def state_kernel_or_none(source: StateKernelSource, *, wait: bool = True) -> StateKernel | None:
+    """:func:`build_state_kernel`, or None where it cannot be built (yet).
+
+    The build is tried once per process (a failure warns once); a training
+    step passes ``wait=False``, which starts the build in a background thread
+    and returns None until it is loaded, so the step runs the decoding path
+    meanwhile and never waits for the compiler.
+
+    Args:
+        source: the update and the slots and scalars it names.
+        wait: wait for the build (True), or return None while it runs.
+    """
+    library = library_when_ready(_c_source(source), name=source.name, wait=wait)
+    return None if library is None else _kernel_of(source, library)
 
 
 @functools.cache
-def state_kernel_or_none(source: StateKernelSource) -> StateKernel | None:
-    """:func:`build_state_kernel`, or None where it cannot be built (tried once per process)."""
-    try:
-        return build_state_kernel(source)
-    except NativeBuildError as error:
-        warn_unbuilt(str(error))
-        return None
+def _c_source(source: StateKernelSource) -> str:
+    """``source.c_source()``, generated once (its hash is then kept for the lookups)."""
+    return source.c_source()
+
+
+@functools.cache
+def _kernel_of(source: StateKernelSource, library: NativeLibrary) -> StateKernel:
+    return StateKernel(source, library)
 
 
 state_kernel_or_none.__module__ = "optiplug.base"  # public there (the plugin toolkit)

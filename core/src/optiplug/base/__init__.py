@@ -35,8 +35,10 @@ and :mod:`optiplug.testing`. This one holds the pieces that import torch:
   :func:`parameter_tensors`, :func:`group_overrides`: the ``params`` and
   hyperparameter handling every optimizer repeats.
 * :func:`build_c_library` (:class:`NativeLibrary`): a small C kernel built
-  with the system's C compiler in about 0.1 s and kept per machine, for a
-  CPU kernel that should not wait seconds for ``torch.compile``.
+  with the system's C compiler (0.1-5 s, see :mod:`optiplug._native`) and
+  kept per machine, for a CPU kernel that should not wait for
+  ``torch.compile``; ``c_library_or_none(source, name, wait=False)`` builds
+  it in a background thread so a training step never waits.
 * :func:`warn_at_caller` / :func:`caller_stacklevel`: warnings that point at
   the user's line, not at optiplug or torch.
 

@@ -263,10 +263,13 @@ class KernelTableOptimizer(ContractOptimizer):
         if source is None or self._impl != "fused" or torch.compiler.is_compiling():
             return False
         state = self.state.get(param)
-        slots = [state.get(name) for name in source.slots] if state else []
+        if not state:  # the first step creates it (and asks for the codec's C loops first)
+            return False
+        slots = [state.get(name) for name in source.slots]
         grad = param.grad
         scalars = self._state_kernel_scalars(group)
-        kernel = state_kernel_or_none(source) if scalars is not None else None
+        # never waits: None while it builds in the background, and the decoding path steps
+        kernel = state_kernel_or_none(source, wait=False) if scalars is not None else None
         precision = group_precision(group)
         if kernel is None or grad is None or not kernel.applies(param, grad, slots, precision):
             return False

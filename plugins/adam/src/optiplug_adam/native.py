@@ -315,11 +315,21 @@ class NativeAdam:
         )  # fmt: skip
 
 
+def native_adam(wait: bool = True) -> NativeAdam | None:
+    """The C step, built once per process; None without a C compiler or with it switched off.
+
+    Args:
+        wait: wait for the build (True); with False, None while it builds in
+            a background thread (what a training step asks: it runs the
+            decode-step-encode path meanwhile, into the same state layout).
+    """
+    library = c_library_or_none(_SOURCE, "optiplug-adam", wait=wait)
+    return None if library is None else _adam_of(library)
+
+
 @functools.cache
-def native_adam() -> NativeAdam | None:
-    """The C step, built once per process; None without a C compiler or with it switched off."""
-    library = c_library_or_none(_SOURCE, "optiplug-adam")
-    return None if library is None else NativeAdam(library)
+def _adam_of(library: NativeLibrary) -> NativeAdam:
+    return NativeAdam(library)
 
 
 def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Any) -> bool:
@@ -338,7 +348,8 @@ def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], par
         False, having changed nothing, when the C step does not apply (the
         group's implementation is not ``fused``, not a float32 CPU parameter with a dense contiguous gradient, an option
         it lacks, state not yet int8/int4/bf16 moments of the group's precision,
-        no compiler); True when it stepped.
+        no compiler, or the C step still building in the background); True
+        when it stepped.
     """
     if torch.compiler.is_compiling() or not _plain_group(optimizer, group):
         return False
@@ -346,7 +357,8 @@ def fused_adam_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], par
     slots = _moments(state, group, param) if state else None
     if state is None or slots is None:
         return False
-    kernel = native_adam()
+    # built on first need (after the codec's, which the first step's encoding asks for first)
+    kernel = native_adam(wait=False)  # None while it builds: the torch path steps
     if kernel is None:
         return False
     step = _incremented(state)

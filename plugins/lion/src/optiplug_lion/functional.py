@@ -16,7 +16,7 @@ and keep the same state (``m``), so a state dict moves freely between them.
 * :func:`lion_fused` runs one fused kernel per tensor: it reads ``p``, ``g``,
   ``m`` once and writes ``p``, ``m`` once (20 bytes per fp32 parameter, the
   memory-traffic floor). On a CPU the kernel is C (:mod:`.native`), built
-  with the system's C compiler in about 0.1 s and kept per machine;
+  with the system's C compiler in 0.1-0.2 s and kept per machine;
   elsewhere (CUDA, or no C compiler) it is compiled by ``torch.compile``
   once per (device type, dtype) with dynamic shapes. Both work on flat
   views, so new shapes do not rebuild. Tensors under
@@ -196,7 +196,7 @@ def _lion_kernel(param: Tensor, grad: Tensor, exp_avg: Tensor, hyper: Tensor) ->
 def _compiled_kernel(device_type: str, dtype: torch.dtype) -> Callable[..., None] | None:
     """The fused kernel for ``(device_type, dtype)``; None after a failure.
 
-    On a CPU it is the C kernel (:mod:`.native`), built in about 0.1 s;
+    On a CPU it is the C kernel (:mod:`.native`), built in 0.1-0.2 s;
     elsewhere, or where no C compiler builds it, the update compiled by
     ``torch.compile``.
     """

@@ -6,7 +6,7 @@ float16 widened to float32 and rounded back to nearest-even, as the eager
 kernel does), with the same order of operations (so it rounds as the eager
 update does) and torch's ``sign`` (0 for zero and NaN). One pass reads ``p``, ``g``, ``m``
 and writes ``p``, ``m``: the 20-bytes-per-parameter floor. It is built by
-:func:`optiplug.base.build_c_library` in about 0.1 s (kept per machine), where
+:func:`optiplug.base.build_c_library` in 0.1-0.2 s (kept per machine), where
 ``torch.compile``'s first build takes 6-20 s on two cores; OpenMP splits
 each tensor over torch's thread count when the compiler has it.
 """

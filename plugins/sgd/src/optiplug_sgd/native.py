@@ -54,8 +54,10 @@ def fused_sgd_step(optimizer: torch.optim.Optimizer, group: dict[str, Any], para
     if torch.compiler.is_compiling() or not _plain_sgd_group(optimizer, group):
         return False
     state = optimizer.state.get(param)
-    slots = [state.get("momentum_buffer")] if state else []
-    kernel = state_kernel_or_none(SGD_STATE_KERNEL)
+    if not state:  # the first step creates it (and asks for the codec's C loops first)
+        return False
+    slots = [state.get("momentum_buffer")]
+    kernel = state_kernel_or_none(SGD_STATE_KERNEL, wait=False)
     grad = param.grad
     if (
         kernel is None
