@@ -529,3 +529,32 @@ def test_checkpoints_import_save_and_load_where_the_os_lacks_posix_open_flags() 
     done = run_python(PORTABLE_CHILD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+# ------------------------------------------------------------------ memory layout
+def test_a_state_tensor_keeps_its_strides_through_a_checkpoint(tmp_path: Path) -> None:
+    """A column-major state tensor comes back column-major, not row-major.
+
+    safetensors stores tensors contiguous; a matrix product over the reloaded
+    row-major copy took another kernel path than over the original, so
+    SPlus's resume (its eigenbasis is ``torch.linalg.eigh``'s column-major
+    output) differed from the uninterrupted run in the last bits.
+    """
+    named = named_params()
+    optimizer = optiplug.create("adam", named, impl="loop", lr=0.01)
+    train(optimizer, named, 0, 1)
+    weight = dict(named)["w"]
+    column_major = optimizer.state[weight]["exp_avg"].t().contiguous().t()
+    optimizer.state[weight]["exp_avg"] = column_major
+    assert not column_major.is_contiguous()
+    checkpoint.save(tmp_path / "ckpt", optimizer)
+    metadata = json.loads((tmp_path / "ckpt" / METADATA).read_text())
+    assert {"strided"} <= {next(iter(v)) for e in metadata["state"].values() for v in e.values()}
+    fresh = optiplug.create("adam", clone_named(named), impl="loop", lr=0.01)
+    checkpoint.load(tmp_path / "ckpt", fresh)
+    loaded = fresh.state[dict(_pairs(fresh.param_groups[0]))["w"]]["exp_avg"]
+    assert loaded.stride() == column_major.stride() and torch.equal(loaded, column_major)
+    # every other tensor is stored and reloaded as before: contiguous
+    assert all(
+        v.is_contiguous() for s in fresh.state.values() for k, v in s.items() if v is not loaded
+    )
