@@ -21,6 +21,7 @@ from typing import Any
 
 import heavyball  # type: ignore[import-untyped]
 import torch
+from torch._inductor import config as inductor_config
 
 from optiplug.base import (
     ExternalOptimizer,
@@ -151,9 +152,7 @@ def _compile_settings(group: dict[str, Any]) -> contextlib.AbstractContextManage
     on_cpu = all(p.device.type == "cpu" for p in group["params"])
     if not on_cpu or heavyball.utils.compile_mode is None:
         return contextlib.nullcontext()
-    from torch._inductor import config as inductor  # deferred: only when compiling on CPU
-
-    patched: contextlib.AbstractContextManager[Any] = inductor.patch(
+    patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(
         max_autotune_gemm_backends="ATEN"
     )
     return patched
