@@ -134,6 +134,20 @@ REVIEWED_TAKES_MODEL = frozenset({"adammini"})
 passes a module holding the given parameters under their names; ``model`` is no keyword."""
 
 REVIEWED_UNAVAILABLE: dict[str, tuple[tuple[str, str], ...]] = {
+    # LoRA-RITE keeps its factor state for the matrices it updates as low-rank
+    # adapter pairs (left and right factors, their bases and escape masses),
+    # which a lone probe matrix never gets: every slot optional, shapes its own.
+    "lorarite": (
+        ("step", "any", "any", "any", False, None, True),
+        ("v_l", "tensor", "any", "param", True, None, True),
+        ("v_r", "tensor", "any", "param", True, None, True),
+        ("m_l", "tensor", "any", "param", True, None, True),
+        ("m_r", "tensor", "any", "param", True, None, True),
+        ("basis_l", "tensor", "any", "param", True, None, True),
+        ("basis_r", "tensor", "any", "param", True, None, True),
+        ("escape_l", "tensor", "any", "param", True, None, True),
+        ("escape_r", "tensor", "any", "param", True, None, True),
+    ),
     "flashadamw": (
         (
             "fused",
@@ -186,6 +200,9 @@ REVIEWED_LIMITATIONS: dict[str, str] = {
     "50-fold in 200 steps for every lr from 0.001 to 0.5 and num_data from 16 to 100000",
     "lomo": "takes the model, not parameters, and updates inside its own fused backward",
     "adalomo": "takes the model, not parameters, and updates inside its own fused backward",
+    "spectralsphere": "updates matrices only: a parameter of another rank (a bias) raises "
+    "ValueError 'SpectralSphere only supports 2D parameters' upstream at its first step; give "
+    "it the 2-D parameters and another optimizer the rest (optiplug's multi)",
     "demo": "all-gathers its compressed momentum over torch.distributed every step, so it needs "
     "an initialised process group (and the optional package einops)",
 }

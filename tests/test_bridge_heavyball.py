@@ -539,3 +539,37 @@ def test_listing_imports_neither_torch_nor_heavyball() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+_COMPILED_KL_SOAP = """
+import torch, heavyball, optiplug
+assert heavyball.utils.compile_mode == "max-autotune-no-cudagraphs"  # heavyball's default
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 64))
+optimizer = optiplug.create("heavyball:kl_soap", model.named_parameters(), lr=1e-3)
+for step in range(2):
+    for index, param in enumerate(model.parameters()):
+        generator = torch.Generator().manual_seed(1000 + 100 * index + step)
+        param.grad = torch.randn(param.shape, generator=generator)
+    optimizer.step()
+assert all(torch.isfinite(p).all() for p in model.parameters())
+print("stepped")
+"""
+
+
+@pytest.mark.slow
+def test_kl_soap_compiles_on_cpu_with_heavyballs_default_mode() -> None:
+    """kl_soap's second step (its first preconditioned one) compiles on CPU in a fresh process.
+
+    It raised InductorError (an AssertionError rendering the epilogue of
+    Inductor's C++ batched-GEMM template, which max-autotune offers on CPU);
+    the bridge offers the GEMM autotuning ATen's kernels only on CPU.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILED_KL_SOAP],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-3000:]

@@ -51,8 +51,11 @@ LIBRARY_ERRORS = (ValueError, NegativeLRError, NegativeStepError)
 """What the library's ``validate_*`` checks raise."""
 
 
-PASSING_FLOOR = 124
-"""Optimizers that pass every check; a change that lowers it is a regression."""
+PASSING_FLOOR = 123
+"""Optimizers that pass every check; a change that lowers it is a regression.
+
+(123 since SpectralSphere is limited: this file's checks gave it one matrix,
+the catalogue's network also gives it biases, which it refuses upstream.)"""
 
 
 @pytest.fixture(scope="module")

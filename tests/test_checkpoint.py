@@ -22,7 +22,16 @@ import pytest
 import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as to_safetensors
-from state_helpers import ALGORITHMS, IMPLEMENTATIONS, Named, clone_named, named_params, train
+from state_helpers import (
+    ALGORITHMS,
+    IMPLEMENTATIONS,
+    Named,
+    clone_named,
+    forge_tensors,
+    named_params,
+    stored_tensors,
+    train,
+)
 
 import optiplug
 from optiplug import checkpoint, cli
@@ -529,3 +538,95 @@ def test_checkpoints_import_save_and_load_where_the_os_lacks_posix_open_flags() 
     done = run_python(PORTABLE_CHILD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+# ------------------------------------------------------------------ memory layout
+def test_a_state_tensor_keeps_its_strides_through_a_checkpoint(tmp_path: Path) -> None:
+    """A column-major state tensor comes back column-major, not row-major.
+
+    safetensors stores tensors contiguous; a matrix product over the reloaded
+    row-major copy took another kernel path than over the original, so
+    SPlus's resume (its eigenbasis is ``torch.linalg.eigh``'s column-major
+    output) differed from the uninterrupted run in the last bits.
+    """
+    named = named_params()
+    optimizer = optiplug.create("adam", named, impl="loop", lr=0.01)
+    train(optimizer, named, 0, 1)
+    weight = dict(named)["w"]
+    column_major = optimizer.state[weight]["exp_avg"].t().contiguous().t()
+    optimizer.state[weight]["exp_avg"] = column_major
+    assert not column_major.is_contiguous()
+    checkpoint.save(tmp_path / "ckpt", optimizer)
+    metadata = json.loads((tmp_path / "ckpt" / METADATA).read_text())
+    assert {"strided"} <= {next(iter(v)) for e in metadata["state"].values() for v in e.values()}
+    fresh = optiplug.create("adam", clone_named(named), impl="loop", lr=0.01)
+    checkpoint.load(tmp_path / "ckpt", fresh)
+    loaded = fresh.state[dict(_pairs(fresh.param_groups[0]))["w"]]["exp_avg"]
+    assert loaded.stride() == column_major.stride() and torch.equal(loaded, column_major)
+    # every other tensor is stored and reloaded as before: contiguous
+    assert all(
+        v.is_contiguous() for s in fresh.state.values() for k, v in s.items() if v is not loaded
+    )
+
+
+# ------------------------------------------------------------------ one validator
+def _nan_moments(optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A load pre-hook (torch's API) that breaks the state: every second moment NaN."""
+    del optimizer
+    state = {
+        key: {**slots, "exp_avg_sq": torch.full_like(slots["exp_avg_sq"], float("nan"))}
+        for key, slots in state_dict["state"].items()
+    }
+    return {**state_dict, "state": state}
+
+
+def test_save_refuses_a_state_load_refuses_with_the_same_problems(tmp_path: Path) -> None:
+    """A NaN second moment, stored as load reads it: save and load refuse it alike.
+
+    The load side is a checkpoint forged to hold it (hashes updated), so only
+    the state checks can refuse it; the save side is the optimizer holding it.
+    """
+    named = named_params()
+    optimizer = optiplug.create("adam", named, impl="loop", lr=0.01)
+    train(optimizer, named, 0, 2)
+    checkpoint.save(tmp_path / "good", optimizer)
+    tensors = stored_tensors(tmp_path / "good")
+    forged = {
+        k: torch.full_like(v, float("nan")) if "exp_avg_sq" in k else v for k, v in tensors.items()
+    }
+    forge_tensors(tmp_path / "good", forged)
+    fresh = optiplug.create("adam", clone_named(named), impl="loop", lr=0.01)
+    with pytest.raises(StateDictError) as loading:
+        checkpoint.load(tmp_path / "good", fresh)
+    for slots in optimizer.state.values():
+        slots["exp_avg_sq"].fill_(float("nan"))
+    with pytest.raises(StateDictError) as saving:
+        checkpoint.save(tmp_path / "refused", optimizer)
+    assert saving.value.problems == loading.value.problems != ()
+    assert not (tmp_path / "refused").exists()
+
+
+def test_save_refuses_what_the_optimizers_load_pre_hooks_make_of_its_state(
+    tmp_path: Path,
+) -> None:
+    """Load runs the optimizer's load pre-hooks before validating; save validates the same.
+
+    Save validated the state as ``state_dict()`` returned it and wrote it;
+    load, through the hook, refused it: a checkpoint that could not be loaded.
+    """
+    named = named_params()
+    optimizer = optiplug.create("adam", named, impl="loop", lr=0.01)
+    train(optimizer, named, 0, 2)
+    checkpoint.save(tmp_path / "good", optimizer)
+    fresh = optiplug.create("adam", clone_named(named), impl="loop", lr=0.01)
+    fresh.register_load_state_dict_pre_hook(_nan_moments)
+    with pytest.raises(StateDictError) as loading:
+        checkpoint.load(tmp_path / "good", fresh)
+    optimizer.register_load_state_dict_pre_hook(_nan_moments)
+    with pytest.raises(StateDictError) as saving:
+        checkpoint.save(tmp_path / "refused", optimizer)
+    assert saving.value.problems == loading.value.problems != ()
+    assert "refusing to save" in str(saving.value) and not (tmp_path / "refused").exists()
+    assert optiplug.validate_state_dict(optimizer, optimizer.state_dict()) == list(
+        saving.value.problems
+    )

@@ -191,3 +191,54 @@ def test_a_selection_is_accepted_as_is() -> None:
     assert cls()(tiny_gpt2(), **kwargs).param_groups
     with pytest.raises(TypeError):
         optimizer_cls_and_kwargs(selection, lr=1.0)
+
+
+def _served() -> list[str]:
+    from optiplug.integrations.transformers import hf_optimizers
+
+    return [optim for optim, entry in hf_optimizers().items() if entry.routes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optim", _served())
+def test_every_served_optim_name_trains_two_steps_in_the_trainer(
+    optim: str, tmp_path: Path
+) -> None:
+    """``TrainingArguments(optim=NAME)``, routed to optiplug, trains 2 steps of the real Trainer.
+
+    Table-driven from what the integration serves (a bridge's new names are
+    covered when it is installed); a route with a caveat warns, as it should.
+    """
+    import math
+    import warnings
+
+    args = arguments(tmp_path, optim=optim)
+    args.max_steps, args.save_strategy = 2, "no"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a caveat route's note (32-bit state...)
+        cls_and_kwargs = from_training_args(args)
+    model = tiny_gpt2()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Tokens(), optimizer_cls_and_kwargs=cls_and_kwargs
+    )
+    result = trainer.train()
+    assert trainer.state.global_step == 2 and math.isfinite(result.training_loss), optim
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), start[n])]
+    # schedule-free RAdam leaves the parameters where they are in its first steps
+    # (its documented silent SGD phase) but keeps state; LOMO keeps none but moves them
+    stepped = trainer.optimizer.optimizer.state  # accelerate wraps the optimizer
+    assert moved or stepped, f"{optim}: 2 steps neither moved a parameter nor kept state"
+
+
+def test_the_docs_table_is_what_the_code_serves() -> None:
+    """docs/integrations.md holds the table scripts/hf_optim_table.py generates, as installed."""
+    import importlib.util
+
+    script = Path(__file__).parents[1] / "scripts" / "hf_optim_table.py"
+    spec = importlib.util.spec_from_file_location("hf_optim_table", script)
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    page = generator.PAGE.read_text(encoding="utf-8")
+    assert generator.documented(page) == generator.table(), "run scripts/hf_optim_table.py"

@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as to_bytes
 
 from ._checkpoint.format import (
@@ -217,15 +218,15 @@ def save(
     _check_extra(extra)
     registry = registry_of(optimizer)
     spec = spec_of(optimizer, registry)
-    state_dict = optimizer.state_dict()
-    _refuse_invalid(Path(path), optimizer, state_dict, registry, spec)
-    metadata, stored = snapshot(optimizer, spec, extra, state_dict)
+    metadata, stored = snapshot(optimizer, spec, extra)
     added: dict[str, torch.Tensor] = {}
     metadata["extra_tensors"] = {
         key: encode(value, f"extra_tensors.{key}", added) for key, value in (tensors or {}).items()
     }
     stored = unshared({**stored, **added})
     data, text = _files(Path(path), metadata, stored)
+    written = Stored(Path(path), json.loads(text), safetensors_load(data))
+    _refuse_invalid(written, optimizer, registry, spec)
     checkpoint_id = metadata["checkpoint_id"]
     publish_directory(
         Path(path), lambda d: _write(d, checkpoint_id, data, text), ALLOWED_FILES, marker=MARKER
@@ -234,16 +235,43 @@ def save(
 
 
 def _refuse_invalid(
-    path: Path, optimizer: Any, state_dict: Any, registry: Registry, spec: OptimizerSpec
+    written: Stored, optimizer: Any, registry: Registry, spec: OptimizerSpec
 ) -> None:
-    """Raise what loading this state back into ``optimizer`` would raise."""
-    problems = validate_state_dict(optimizer, state_dict, registry=registry)
+    """Raise, before anything is written, what a strict :func:`load` of ``written`` would raise.
+
+    ``written`` is the checkpoint as it will be on disk (its metadata and
+    tensors decoded from the bytes about to be written), checked by the
+    validator :func:`load` uses (:func:`_refusal`), against ``optimizer``.
+    """
+    _, _, problems = _refusal(written, optimizer, registry)
     if problems:
         header = (
-            f"refusing to save {spec.name} state to {path}: it would not load back, so "
-            "nothing was written (an earlier checkpoint there is unchanged)"
+            f"refusing to save {spec.name} state to {written.path}: it would not load back, "
+            "so nothing was written (an earlier checkpoint there is unchanged)"
         )
         raise StateDictError(problems, header=header)
+
+
+def _refusal(
+    stored: Stored, optimizer: Any, registry: Registry
+) -> tuple[dict[str, Any], list[Problem], list[Problem]]:
+    """The one validator :func:`save` and :func:`load` share: what a strict load refuses.
+
+    The checkpoint's state against its own records (:func:`_examine`, as
+    :func:`verify` checks it), its algorithm against ``optimizer``'s, and the
+    state as loading it into ``optimizer`` checks it
+    (:func:`optiplug.validate_state_dict`: the optimizer's load pre-hooks,
+    then the schema and the plugins' validators).
+
+    Returns:
+        The state dict the checkpoint holds; the problems of the checkpoint
+        itself (its own records, its algorithm), which a partial load
+        reports; and every problem, sorted.
+    """
+    state_dict, own = _examine(stored, registry)
+    mismatch = _algorithm_problems(stored.metadata, spec_of(optimizer, registry))
+    fit = validate_state_dict(optimizer, state_dict, registry=registry)
+    return state_dict, [*mismatch, *own], sorted({*own, *mismatch, *fit})
 
 
 def _check_extra(extra: Mapping[str, Any]) -> None:
@@ -322,16 +350,14 @@ def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadR
             fit ``optimizer``; the optimizer is unchanged.
     """
     registry = registry_of(optimizer)
-    state_dict, own = _examine(stored, registry)
-    spec = spec_of(optimizer, registry)
-    mismatch = _algorithm_problems(stored.metadata, spec)
-    if strict and own:
-        header = (
-            f"{stored.path} holds invalid state (as optiplug check reports); nothing was changed"
-        )
-        raise StateDictError(sorted({*own, *mismatch}), header=header)
+    state_dict, own, refused = _refusal(stored, optimizer, registry)
+    if strict and refused:
+        spec = spec_of(optimizer, registry)
+        where = "holds invalid state (as optiplug check reports)" if own else "does not fit"
+        header = f"{stored.path} {where} {spec.name}; nothing was changed"
+        raise StateDictError(refused, header=header)
     problems = load_state_dict(
-        optimizer, state_dict, strict=strict, registry=registry, extra_problems=[*mismatch, *own]
+        optimizer, state_dict, strict=strict, registry=registry, extra_problems=own
     )
     info = _info(stored.path, stored.metadata, stored.tensors)
     return LoadResult(info, tuple(sorted(set(problems))), extra_tensors(stored))

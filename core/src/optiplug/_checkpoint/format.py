@@ -9,7 +9,9 @@ A checkpoint is a directory of three files::
 
 Values in ``metadata.json`` that JSON cannot tell apart are tagged: a tuple
 is ``{"tuple": [...]}``, a list ``{"list": [...]}`` and a tensor
-``{"tensor": "<name in tensors.safetensors>"}``; every other dict is an error.
+``{"tensor": "<name in tensors.safetensors>"}`` (``{"strided": {"tensor": ...,
+"stride": [...]}}`` for one of another dense layout, see
+:mod:`~optiplug._checkpoint.layout`); every other dict is an error.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from safetensors.torch import load as safetensors_load
 
 from ..errors import CheckpointError
 from .io import OpenDirectory
+from .layout import STRIDED_TAG, dense_stride, restrided, strided_record
 from .schema import check_marker, check_metadata, check_values, parse_object
 from .subclass import TAG as SUBCLASS_TAG
 from .subclass import decode_subclass, encode_subclass, is_subclass
@@ -103,7 +106,8 @@ def encode(value: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
         return encode_subclass(value, name, tensors, encode)
     if isinstance(value, torch.Tensor):
         tensors[name] = value.detach().to("cpu").contiguous()
-        return {"tensor": name}
+        stride = dense_stride(value)
+        return {"tensor": name} if stride is None else strided_record(name, stride)
     if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value <= _INT_MAX:
         raise CheckpointError(f"cannot save {name}: an integer outside the 64-bit range")
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -135,6 +139,9 @@ def decode(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
             return tuple(items) if tag == "tuple" else items
         if tag == SUBCLASS_TAG:
             return decode_subclass(inner, tensors, where, decode)
+        rebuilt = restrided(inner, tensors) if tag == STRIDED_TAG else None
+        if rebuilt is not None:
+            return rebuilt
     raise _malformed(f"{where} holds an undecodable value {str(value)[:80]}")
 
 

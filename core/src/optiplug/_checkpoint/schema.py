@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 import torch
 
 from ..errors import CheckpointError
+from .layout import STRIDED_TAG
 from .subclass import TAG as SUBCLASS_TAG
 from .subclass import check_encoded
 
@@ -282,6 +283,8 @@ def _check_value(value: Any, tensors: Collection[str], where: Path, label: str) 
         ((tag, inner),) = value.items()
         if tag == "tensor" and isinstance(inner, str) and inner in tensors:
             return
+        if tag == STRIDED_TAG and _strided(inner, tensors):
+            return
         if tag in ("tuple", "list") and isinstance(inner, list):
             for item in inner:
                 _check_value(item, tensors, where, label)
@@ -297,3 +300,15 @@ def _check_value(value: Any, tensors: Collection[str], where: Path, label: str) 
     if isinstance(value, dict) and value.get("tensor") is not None:
         detail += " (no such tensor in the tensor file)"
     raise _malformed(where, detail)
+
+
+def _strided(inner: Any, tensors: Collection[str]) -> bool:
+    """Whether a strided record names a stored tensor and lists integer strides."""
+    return (
+        isinstance(inner, Mapping)
+        and set(inner) == {"tensor", "stride"}
+        and isinstance(inner["tensor"], str)
+        and inner["tensor"] in tensors
+        and isinstance(inner["stride"], list)
+        and all(_is_int(s) for s in inner["stride"])
+    )

@@ -132,6 +132,7 @@ def validate_state_dict(
         return sorted(_composite_problems(own, state_dict)[0])
     registry = registry if registry is not None else registry_of(optimizer)
     spec = spec_of(optimizer, registry)
+    state_dict = _pre_hooks(optimizer, state_dict)  # as load_state_dict sees it
     return sorted(_report(optimizer, spec, registry, state_dict).problems)
 
 

@@ -14,12 +14,14 @@ eagerly (what the CPU tests do).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Any
 
 import heavyball  # type: ignore[import-untyped]
 import torch
+from torch._inductor import config as inductor_config
 
 from optiplug.base import (
     ExternalOptimizer,
@@ -79,7 +81,7 @@ class HeavyBallOptimizer(ExternalOptimizer):
         index = next(i for i, g in enumerate(self.param_groups) if g is group)
         devices = sorted({p.device.index or 0 for p in group["params"] if p.device.type == "cuda"})
         seed = _SEED + _GROUP_STRIDE * index + count
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), _compile_settings(group):
             torch.default_generator.manual_seed(seed)
             for device in devices:
                 torch.cuda.default_generators[device].manual_seed(seed)
@@ -132,6 +134,28 @@ class _LowRankPSGD(HeavyBallOptimizer):
             keywords["rank"] = max(1, round(math.log2(max(count, 1))))
             self._bridge_keywords["rank"] = keywords["rank"]
         return keywords
+
+
+def _compile_settings(group: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """Inductor's settings for compiling a group's kernels: no C++ GEMM template on CPU.
+
+    heavyball compiles with ``mode="max-autotune-no-cudagraphs"``; on CPU,
+    Inductor's autotuning then offers its C++ batched-GEMM template, and for
+    the SOAP family's preconditioner product (``kl_soap`` on a 64x96 matrix:
+    ``bmm(1x96x64, 1x64x96)`` with a fused epilogue) rendering that template's
+    epilogue fails an indexing assertion (an index and a stride of different
+    rank), an ``InductorError`` at the first step that compiles it. Offering
+    only ATen's kernels to the GEMM autotuning (``max_autotune_gemm_backends``)
+    compiles it, and every other fusion of the mode is kept. Nothing changes
+    when heavyball runs eagerly (``compile_mode = None``) or on CUDA.
+    """
+    on_cpu = all(p.device.type == "cpu" for p in group["params"])
+    if not on_cpu or heavyball.utils.compile_mode is None:
+        return contextlib.nullcontext()
+    patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(
+        max_autotune_gemm_backends="ATEN"
+    )
+    return patched
 
 
 def _rebuilt(

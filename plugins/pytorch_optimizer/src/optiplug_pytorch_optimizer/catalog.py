@@ -1889,7 +1889,17 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         paper="https://arxiv.org/abs/2410.20625",
         summary="LoRA factor optimization with matrix preconditioning and basis corrections.",
-        slots=(),
+        slots=(
+            Slot("step", "any", "any", "any", False, None, True),
+            Slot("v_l", "tensor", "any", "param", True, None, True),
+            Slot("v_r", "tensor", "any", "param", True, None, True),
+            Slot("m_l", "tensor", "any", "param", True, None, True),
+            Slot("m_r", "tensor", "any", "param", True, None, True),
+            Slot("basis_l", "tensor", "any", "param", True, None, True),
+            Slot("basis_r", "tensor", "any", "param", True, None, True),
+            Slot("escape_l", "tensor", "any", "param", True, None, True),
+            Slot("escape_r", "tensor", "any", "param", True, None, True),
+        ),
         group_state=("step",),
         deviations=(
             (
@@ -2921,6 +2931,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         name="spectralsphere",
         target="pytorch_optimizer.optimizer.sso:SpectralSphere",
+        limitation="updates matrices only: a parameter of another rank (a bias) raises ValueError 'SpectralSphere only supports 2D parameters' upstream at its first step; give it the 2-D parameters and another optimizer the rest (optiplug's multi)",
         params=(
             Param("lr", 0.0003, "float", ("lr",)),
             Param("momentum", 0.9, "float", ("range", 0.0, 1.0, "[)")),

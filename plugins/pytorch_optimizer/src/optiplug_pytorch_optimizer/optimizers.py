@@ -128,6 +128,7 @@ class BridgedOptimizer(ExternalOptimizer):
         if self.catalog_entry.muon_groups:
             params = _with_use_muon(params)
         super().__init__(params, *args, **kwargs)
+        self.register_load_state_dict_pre_hook(_decoded_groups)
         self._expose_named_state()
         if self.catalog_entry.own_rng:
             self.bridge_rng_seed = int(torch.randint(0, _SEEDS, ()).item())
@@ -574,6 +575,34 @@ def _encoded(value: torch.dtype | dict[str, Any]) -> tuple[Any, ...]:
     if isinstance(value, torch.dtype):
         return ("torch.dtype", str(value).removeprefix("torch."))
     return ("dict", *(item for pair in sorted(value.items()) for item in pair))
+
+
+def _decoded_groups(optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A load pre-hook: the dtype and dict group values :meth:`~BridgedOptimizer.state_dict` encoded, decoded.
+
+    The loader then compares each saved hyperparameter with the optimizer's
+    own in the same form (an encoded ``precondition_dtype`` was reported as
+    changed from the ``torch.float32`` it stands for); the ``global:`` and
+    ``attr:`` entries stay encoded for :meth:`~BridgedOptimizer._restore`.
+    """
+    del optimizer
+    groups = state_dict.get("param_groups")
+    if not isinstance(groups, (list, tuple)):
+        return state_dict
+    decoded = [
+        {
+            key: _decoded(value)
+            if _is_encoded(value)
+            and value[0] != "tree"
+            and not key.startswith(("global:", "attr:"))
+            else value
+            for key, value in group.items()
+        }
+        if isinstance(group, dict)
+        else group
+        for group in groups
+    ]
+    return {**state_dict, "param_groups": decoded}
 
 
 def _is_encoded(value: Any) -> bool:
