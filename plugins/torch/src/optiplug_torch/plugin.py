@@ -21,12 +21,14 @@ PLUGIN = "torch"
 """The entry-point name: qualified names are ``torch:<name>``."""
 
 HF_NAMES: dict[str, tuple[optiplug.HFName, ...]] = {
-    "adagrad": (optiplug.HFName("adagrad"),),
-    "rmsprop": (optiplug.HFName("rmsprop", priority=1),),
+    "adagrad": (optiplug.HFName("adagrad", adam_arguments=False),),
+    "rmsprop": (optiplug.HFName("rmsprop", priority=1, adam_arguments=False),),
 }
 """The ``TrainingArguments(optim=...)`` names served, by entry: transformers builds
 ``torch.optim.Adagrad`` and ``torch.optim.RMSprop`` for them, these very classes
-(ahead of pytorch-optimizer's re-export of RMSprop). ``adafactor`` is not
+(ahead of pytorch-optimizer's re-export of RMSprop), with the keywords it gives
+them: the learning rate and weight decay, not the Trainer's Adam ``betas`` and
+``eps`` (torch's ``eps`` stays: 1e-10 for Adagrad). ``adafactor`` is not
 declared: transformers' Adafactor is not torch's (see the bridge's docs)."""
 
 _PRIORITY = {"foreach": 1, "loop": 0, "default": 0, "fused": -1}
