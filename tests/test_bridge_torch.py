@@ -11,7 +11,7 @@ vector (Muon: two matrices; SparseAdam: an ``nn.Embedding(sparse=True)``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,9 @@ def _loss(entry: Entry, params: list[torch.nn.Parameter], step: int) -> torch.Te
     return (out - torch.randn(out.shape, generator=generator)).square().mean()
 
 
-def _steps(entry: Entry, optimizer: Any, params: list[torch.nn.Parameter], first: int, n: int) -> None:
+def _steps(
+    entry: Entry, optimizer: Any, params: list[torch.nn.Parameter], first: int, n: int
+) -> None:
     """``n`` steps from step ``first`` (L-BFGS re-evaluates the loss through its closure)."""
     for step in range(first, first + n):
 
@@ -108,7 +110,9 @@ def test_three_steps_equal_torchs_own_class(
 
 
 @pytest.mark.parametrize(("entry", "impl"), CASES)
-def test_torch_kernel_flags_spell_impl(registry: optiplug.Registry, entry: Entry, impl: str) -> None:
+def test_torch_kernel_flags_spell_impl(
+    registry: optiplug.Registry, entry: Entry, impl: str
+) -> None:
     """``foreach=``/``fused=`` as torch takes them choose the same kernel as ``impl=``."""
     optimizer = registry.create(entry.name, _tensors(_model(entry)), **FLAGS[impl])
     expected = impl if FLAGS[impl] else "default"
@@ -241,12 +245,15 @@ def test_an_unknown_keyword_and_capturable_are_refused(
     with pytest.raises(HyperparameterError) as unknown:
         registry.create(entry.name, _tensors(_model(entry)), momentom=0.9)
     assert unknown.value.field == "momentom"
-    with pytest.raises(HyperparameterError, match="capturable|differentiable"):
+    with pytest.raises(HyperparameterError, match=r"capturable|differentiable"):
         registry.create(entry.name, _tensors(_model(entry)), differentiable=True)
 
 
 def test_muon_refuses_a_vector_naming_it(registry: optiplug.Registry) -> None:
-    params = [("w", torch.nn.Parameter(torch.randn(4, 4))), ("b", torch.nn.Parameter(torch.zeros(4)))]
+    params = [
+        ("w", torch.nn.Parameter(torch.randn(4, 4))),
+        ("b", torch.nn.Parameter(torch.zeros(4))),
+    ]
     with pytest.raises(HyperparameterError, match=r"b of shape \(4,\).*must be 2-D") as refused:
         registry.create("muon", params)
     assert refused.value.field == "params"
@@ -331,11 +338,12 @@ def test_spec_records_its_origin(registry: optiplug.Registry, entry: Entry) -> N
 def test_default_registry_serves_qualified_names_and_hf_names() -> None:
     registry = optiplug.default_registry()
     assert registry.has("torch:asgd") and registry.has("torch:rmsprop")
-    hf = {name for spec in registry.optimizer_specs() for name in (h.optim for h in spec.hf_names)
-          if spec.provider is not None and spec.provider.plugin == "torch"}
+    hf = {
+        name
+        for spec in registry.optimizer_specs()
+        for name in (h.optim for h in spec.hf_names)
+        if spec.provider is not None and spec.provider.plugin == "torch"
+    }
     assert hf == {"adagrad", "rmsprop"}
     with pytest.raises(UnknownOptimizerError):
         registry.spec("torch:adam")  # optiplug serves adam itself
-
-
-Closure = Callable[[], torch.Tensor]

@@ -108,7 +108,9 @@ def ns_steps(_: Any, attribute: Any, value: Any) -> None:
     """Accept Muon's Newton-Schulz iteration count: an integer in [1, 100)."""
     positive_int(_, attribute, value)
     if value >= 100:
-        raise HyperparameterError(attribute.name, value, "must be < 100 (torch's Muon refuses more)")
+        raise HyperparameterError(
+            attribute.name, value, "must be < 100 (torch's Muon refuses more)"
+        )
 
 
 def _options(options: tuple[Any, ...]) -> Check:

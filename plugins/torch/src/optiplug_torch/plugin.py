@@ -68,7 +68,9 @@ def implementations(entry: Entry) -> tuple[optiplug.ImplementationSpec, ...]:
             name,
             optiplug.lazy(target, impl=name),
             priority=_PRIORITY[name],
-            supports=functools.partial(fused_runs, entry.fused_devices) if name == "fused" else None,
+            supports=functools.partial(fused_runs, entry.fused_devices)
+            if name == "fused"
+            else None,
             description=f"torch.optim.{entry.class_name} with "
             + {"loop": "foreach=False", "default": "its own kernel"}.get(name, f"{name}=True"),
         )
