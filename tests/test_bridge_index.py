@@ -9,7 +9,7 @@ import pytest
 
 import optiplug
 
-LIBRARIES = ("pytorch-optimizer", "heavyball", "torchao", "schedulefree")
+LIBRARIES = ("pytorch-optimizer", "heavyball", "torchao", "schedulefree", "torch")
 
 
 def test_at_least_95_percent_of_bridged_optimizers_pass_and_the_page_says_so() -> None:

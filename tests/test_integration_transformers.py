@@ -153,6 +153,8 @@ def test_every_transformers_optim_name_is_mapped_served_or_explained(tmp_path: P
         ("schedule_free_adamw", "schedulefree:adamw_schedulefree"),
         ("adafactor", "pytorch_optimizer:adafactor"),
         ("ademamix", "pytorch_optimizer:ademamix"),
+        ("adagrad", "torch:adagrad"),
+        ("rmsprop", "torch:rmsprop"),
     ],
 )
 def test_bridged_optim_names_build_the_bridged_optimizer(
@@ -169,9 +171,9 @@ def test_bridged_optim_names_build_the_bridged_optimizer(
 
 def test_unserved_or_uninstalled_optim_names_say_what_would_serve_them(tmp_path: Path) -> None:
     with pytest.raises(
-        UnknownOptimizerError, match=r"'adagrad' is not supported.*no optiplug plugin"
+        UnknownOptimizerError, match=r"'grokadamw' is not supported.*no optiplug plugin"
     ):
-        from_training_args(arguments(tmp_path, optim="adagrad"))
+        from_training_args(arguments(tmp_path, optim="grokadamw"))
     with pytest.raises(UnknownOptimizerError, match="XLA"):
         from_training_args(arguments(tmp_path, optim="adamw_torch_xla"))
     # a registry without the bridges: the error names the distribution to install
@@ -242,3 +244,15 @@ def test_the_docs_table_is_what_the_code_serves() -> None:
     spec.loader.exec_module(generator)
     page = generator.PAGE.read_text(encoding="utf-8")
     assert generator.documented(page) == generator.table(), "run scripts/hf_optim_table.py"
+
+
+@pytest.mark.parametrize(("optim", "torch_eps"), [("adagrad", 1e-10), ("rmsprop", 1e-8)])
+def test_adagrad_and_rmsprop_get_the_keywords_transformers_gives_them(
+    optim: str, torch_eps: float, tmp_path: Path
+) -> None:
+    """transformers builds torch's class with the lr (and decay groups), never ``adam_epsilon``."""
+    cls, kwargs = from_training_args(arguments(tmp_path, optim=optim, adam_epsilon=0.5))
+    assert "eps" not in kwargs and "betas" not in kwargs
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert {group["eps"] for group in optimizer.param_groups} == {torch_eps}
+    assert type(optimizer).__name__ == {"adagrad": "Adagrad", "rmsprop": "RMSprop"}[optim]

@@ -222,6 +222,10 @@ class HFName:
             transformers, warned when it is taken; "" when it is the same.
         priority: among the algorithms declaring ``optim``: higher first
             (a fallback declares a negative one).
+        adam_arguments: whether transformers gives this name the Trainer's
+            ``adam_beta1``/``adam_beta2``/``adam_epsilon`` (False for
+            ``adagrad`` and ``rmsprop``, which it builds with torch's own
+            ``eps``): when False they are not passed as ``betas``/``eps``.
     """
 
     STATE_32: ClassVar[str] = (
@@ -235,6 +239,7 @@ class HFName:
     impl: str | None = None
     caveat: str = ""
     priority: int = 0
+    adam_arguments: bool = True
 
 
 def _to_hf_names(value: Iterable[HFName | str]) -> tuple[HFName, ...]:

@@ -78,11 +78,14 @@ class HFRoute:
         impl: the implementation to force, or None to choose.
         caveat: how it differs from what the name means in transformers
             (said in a warning when this route is taken); "" when it is the same.
+        adam_arguments: whether the Trainer's Adam settings are passed (see
+            :attr:`optiplug.HFName.adam_arguments`).
     """
 
     name: str
     impl: str | None = None
     caveat: str = ""
+    adam_arguments: bool = True
 
 
 @attrs.frozen
@@ -149,7 +152,7 @@ def _declared_routes(registry: Registry) -> dict[str, list[tuple[int, str, HFRou
         plugin = provider.plugin if provider is not None else ""
         name = f"{plugin}:{spec.name}" if spec.origin is not None else registry.name_of(spec)
         for hf in spec.hf_names:
-            route = HFRoute(name, hf.impl, hf.caveat)
+            route = HFRoute(name, hf.impl, hf.caveat, hf.adam_arguments)
             by = provider.distribution if provider is not None else plugin
             found.setdefault(hf.optim, []).append((-hf.priority, by, route))
     return found
@@ -409,7 +412,9 @@ def from_training_args(
 
     ``learning_rate``, ``weight_decay``, ``adam_beta1``/``adam_beta2`` (as
     ``betas``) and ``adam_epsilon`` (as ``eps``) are passed to the algorithm
-    when it takes them (``lion`` takes no ``eps``). See :data:`HF_OPTIM_NAMES`
+    when it takes them (``lion`` takes no ``eps``), the last two only where
+    transformers passes them for the name (not for ``adagrad``, ``rmsprop``:
+    :attr:`optiplug.HFName.adam_arguments`). See :data:`HF_OPTIM_NAMES`
     for the names understood.
 
     Args:
@@ -422,7 +427,7 @@ def from_training_args(
 
     Raises:
         UnknownOptimizerError: ``args.optim`` has no optiplug counterpart
-            (``adafactor``, ``adagrad``, GaLore...), with the names that do.
+            (GaLore's layer-wise names...), with the names that do.
         HyperparameterError: ``args.optim_args`` is set (give the keywords as
             ``overrides`` instead), or a bad hyperparameter.
     """
@@ -447,6 +452,8 @@ def from_training_args(
         "betas": (args.adam_beta1, args.adam_beta2),
         "eps": args.adam_epsilon,
     }
+    if not route.adam_arguments:  # transformers gives this name torch's own betas and eps
+        offered = {key: value for key, value in offered.items() if key not in ("betas", "eps")}
     spec = found.spec(name)
     accepted = {h.name: h for h in spec.hyperparameters}
     hparams = {key: value for key, value in offered.items() if key in accepted}
