@@ -12,8 +12,10 @@ entry keeps 8-bit state) and 1-D ones below it (float32 state always).
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
+import pickle
 import subprocess
 import sys
 import warnings
@@ -245,6 +247,22 @@ def test_resume_through_checkpoint_is_bit_equal(
     for param, twin in zip(params, twins, strict=True):
         assert torch.equal(param.detach(), twin.detach())
         _same_state(optimizer.state[param], resumed.state[twin])
+
+
+@pytest.mark.parametrize("name", ["adamw8bit", "lion32bit", "lars8bit"])
+def test_copies_step_exactly_like_the_original(registry: optiplug.Registry, name: str) -> None:
+    """Deep copies and pickles keep what bitsandbytes' step reads (args, optimizer_name...)."""
+    params = _params()
+    optimizer = registry.create(name, params, **_keywords(_entry(name)))
+    _steps(optimizer, params, 0, 2)
+    duplicates = [copy.deepcopy(optimizer), pickle.loads(pickle.dumps(optimizer))]
+    _steps(optimizer, params, 2, 4)
+    for duplicate in duplicates:
+        twins = duplicate.param_groups[0]["params"]
+        _steps(duplicate, twins, 2, 4)
+        for param, twin in zip(params, twins, strict=True):
+            assert torch.equal(param.detach(), twin.detach())
+            _same_state(optimizer.state[param], duplicate.state[twin])
 
 
 def test_bitsandbytes_own_nested_state_dict_loads(registry: optiplug.Registry) -> None:

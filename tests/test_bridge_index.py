@@ -9,11 +9,11 @@ import pytest
 
 import optiplug
 
-LIBRARIES = ("pytorch-optimizer", "heavyball", "torchao", "schedulefree")
+LIBRARIES = ("pytorch-optimizer", "heavyball", "torchao", "schedulefree", "bitsandbytes")
 
 
 def test_at_least_95_percent_of_bridged_optimizers_pass_and_the_page_says_so() -> None:
-    for module in ("pytorch_optimizer", "heavyball", "torchao", "schedulefree"):
+    for module in ("pytorch_optimizer", "heavyball", "torchao", "schedulefree", "bitsandbytes"):
         pytest.importorskip(module)
     specs = [s for s in optiplug.default_registry().optimizer_specs() if s.origin is not None]
     bridged = [s for s in specs if s.origin is not None and s.origin.library in LIBRARIES]
