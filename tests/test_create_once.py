@@ -180,7 +180,8 @@ BRIDGED = {  # one class of each bridge family that builds from plain parameters
     "adan": "pytorch-optimizer",
     "heavy_kl_shampoo": "heavyball",
     "adamw_schedulefree": "schedulefree",
-    "adamw8bit": "torchao",
+    "torchao:adamw8bit": "torchao",
+    "bitsandbytes:adamw8bit": "bitsandbytes",
 }
 FACTORIES: dict[str, Any] = {}
 

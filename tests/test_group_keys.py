@@ -16,7 +16,17 @@ import optiplug
 from optiplug import checkpoint
 from optiplug.errors import HyperparameterError
 
-NAMES = ["adam", "adamw", "sgd", "lion", "muon", "adan", "adamw8bit", "adamw_schedulefree"]
+NAMES = [
+    "adam",
+    "adamw",
+    "sgd",
+    "lion",
+    "muon",
+    "adan",
+    "torchao:adamw8bit",
+    "bitsandbytes:adamw8bit",
+    "adamw_schedulefree",
+]
 
 
 def _model() -> torch.nn.Module:

@@ -122,8 +122,13 @@ def test_training_arguments_translate(tmp_path: Path) -> None:
 
     sgd, _ = from_training_args(arguments(tmp_path, optim="sgd"), momentum=0.9)
     assert sgd.factory.hparams == {"lr": 1e-3, "weight_decay": 0.0, "momentum": 0.9}
-    with pytest.warns(UserWarning, match="32 bits"):
-        lion, _ = from_training_args(arguments(tmp_path, optim="lion_8bit"))
+    lion, _ = from_training_args(arguments(tmp_path, optim="lion_8bit"))  # bitsandbytes' own
+    bnb_lion = optiplug.default_registry().spec("bitsandbytes:lion8bit")
+    assert optiplug.default_registry().spec(lion.factory.name) == bnb_lion
+    assert "eps" not in lion.factory.hparams
+    without_bnb = optiplug.Registry(strict=False, disabled={"bitsandbytes"})
+    with pytest.warns(UserWarning, match="32 bits"):  # the first-party fallback says so
+        lion, _ = from_training_args(arguments(tmp_path, optim="lion_8bit"), registry=without_bnb)
     assert lion.factory.name == "lion" and "eps" not in lion.factory.hparams
 
 
@@ -152,7 +157,10 @@ def test_every_transformers_optim_name_is_mapped_served_or_explained(tmp_path: P
         ("adamw_torch_4bit", "torchao:adamw4bit"),
         ("schedule_free_adamw", "schedulefree:adamw_schedulefree"),
         ("adafactor", "pytorch_optimizer:adafactor"),
-        ("ademamix", "pytorch_optimizer:ademamix"),
+        ("ademamix", "bitsandbytes:ademamix"),
+        ("adamw_bnb_8bit", "bitsandbytes:adamw8bit"),
+        ("paged_lion_32bit", "bitsandbytes:pagedlion32bit"),
+        ("rmsprop_bnb_8bit", "bitsandbytes:rmsprop8bit"),
         ("adagrad", "torch:adagrad"),
         ("rmsprop", "torch:rmsprop"),
     ],
@@ -177,7 +185,9 @@ def test_unserved_or_uninstalled_optim_names_say_what_would_serve_them(tmp_path:
     with pytest.raises(UnknownOptimizerError, match="XLA"):
         from_training_args(arguments(tmp_path, optim="adamw_torch_xla"))
     # a registry without the bridges: the error names the distribution to install
-    bare = optiplug.Registry(strict=False, disabled={"torchao", "pytorch_optimizer"})
+    bare = optiplug.Registry(
+        strict=False, disabled={"torchao", "pytorch_optimizer", "bitsandbytes"}
+    )
     with pytest.raises(UnknownOptimizerError, match="install optiplug-torchao"):
         from_training_args(arguments(tmp_path, optim="adamw_torch_4bit"), registry=bare)
     # ...and one with a first-party fallback takes it, saying how it differs
