@@ -66,6 +66,8 @@ class Measurement:
     def citation(self) -> str:
         """One line: ``"normuon: 0.83x adamw's steps to target on char-lm, p = 0.003, 5 seeds"``."""
         seeds = f"{self.seeds} seed{'s' if self.seeds != 1 else ''}"
+        if self.optimizer == "adamw":
+            return f"adamw: the board's baseline on {self.workload}: {self.status}, {seeds}"
         p = "no p-value (one seed)" if self.p is None else f"p = {self.p:.2g} ({self.p_on})"
         if self.steps_ratio is not None:
             what = f"{self.steps_ratio:.2f}x adamw's steps to target on {self.workload}"
