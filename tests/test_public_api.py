@@ -11,6 +11,9 @@ import optiplug.errors
 
 EXPECTED_ALL = {
     "Graph",
+    "Board",
+    "board_evidence",
+    "leaderboard",
     "AutoOptimizer",
     "Selection",
     "ENTRY_POINT_GROUP",

@@ -69,12 +69,15 @@ from ._state.memory import MemoryEstimate, MemoryReport
 
 if TYPE_CHECKING:  # imported on first access at run time (they import torch): see __getattr__
     from . import checkpoint
+    from ._board.board import Board, leaderboard
+    from ._board.evidence import board_evidence
     from ._graph.graph import Graph
 
 __version__ = _version()
 
 __all__ = [
     "AutoOptimizer",
+    "Board",
     "ENTRY_POINT_GROUP",
     "Graph",
     "PLUGIN_API_VERSION",
@@ -107,6 +110,7 @@ __all__ = [
     "TuneReport",
     "TuneTrial",
     "__version__",
+    "board_evidence",
     "checkpoint",
     "create",
     "default_registry",
@@ -116,6 +120,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "lazy",
+    "leaderboard",
     "load_state_dict",
     "memory",
     "optimizers",
@@ -172,7 +177,12 @@ _LAZY_SUBMODULES = frozenset({"checkpoint"})
 """Public submodules that import torch, imported on first attribute access."""
 
 
-_LAZY_ATTRIBUTES = {"Graph": "._graph.graph"}
+_LAZY_ATTRIBUTES = {
+    "Graph": "._graph.graph",
+    "Board": "._board.board",
+    "leaderboard": "._board.board",
+    "board_evidence": "._board.evidence",
+}
 """Public names whose modules import torch, imported on first attribute access."""
 
 

@@ -24,6 +24,7 @@ from .budget import (
     model_footprint,
     parse_memory_budget,
 )
+from .evidence import Measurement, cite, load_evidence, nearest_workload
 from .model_config import (
     config_mapping,
     estimate_parameters,
@@ -398,10 +399,27 @@ class AutoOptimizer:
         stage: str | None = None,
         registry: Registry | None = None,
         memory_budget: MemoryBudget | None = None,
+        evidence: Sequence[Measurement] | str | os.PathLike[str] | None = None,
     ) -> str:
-        """Every candidate for this request, its score, rule and plugin, as text.
+        """Every candidate for this request, its score, rule and plugin, and its evidence, as text.
 
-        With ``memory_budget`` (see :meth:`for_task`), the memory arithmetic too.
+        With ``memory_budget`` (see :meth:`for_task`), the memory arithmetic
+        too. Last comes the leaderboard's evidence (:meth:`cite`): each
+        candidate's measurement on the workload nearest the request, or, for
+        one without a measurement, its rule's literature source.
+
+        Args:
+            task: as for :meth:`for_task`.
+            config: as for :meth:`for_task`.
+            num_parameters: as for :meth:`for_task`.
+            stage: as for :meth:`for_task`.
+            registry: as for :meth:`for_task`.
+            memory_budget: as for :meth:`for_task`.
+            evidence: measurements (``optiplug.board_evidence(results_file)``)
+                or an evidence JSON file; None: the published board's.
+
+        Returns:
+            The explanation.
         """
         selection = cls.for_task(
             task,
@@ -411,4 +429,38 @@ class AutoOptimizer:
             registry=registry,
             memory_budget=memory_budget,
         )
-        return selection.explain()
+        return "\n".join([selection.explain(), "", *cls.cite(selection, evidence)])
+
+    @staticmethod
+    def cite(
+        selection: Selection,
+        evidence: Sequence[Measurement] | str | os.PathLike[str] | None = None,
+    ) -> list[str]:
+        """The leaderboard's evidence for a selection's candidates, one line each.
+
+        The request maps to its nearest workload (a language task or model
+        to ``char-lm``, vision to ``digits``, regression to ``diabetes``,
+        tabular classification to ``logistic``); a candidate measured there
+        cites the measurement (``"normuon: 0.83x adamw's steps to target on
+        char-lm, p = 0.003 (steps), 5 seeds"``), one that is not keeps its
+        rule's literature source.
+
+        Args:
+            selection: what :meth:`for_task` or :meth:`for_model` returned.
+            evidence: measurements, an evidence JSON file, or None for the
+                published board's.
+
+        Returns:
+            A heading line, then a line per candidate.
+        """
+        found = (
+            evidence
+            if evidence is not None and not isinstance(evidence, (str, os.PathLike))
+            else load_evidence(evidence)
+        )
+        workload = nearest_workload(selection.request)
+        pairs = [(r.candidate.algorithm, r.candidate.reason) for r in selection.candidates]
+        return [
+            f"evidence (leaderboard, nearest workload {workload}):",
+            *cite(pairs, workload, found),
+        ]

@@ -1,0 +1,153 @@
+"""optiplug leaderboard: resumable runs, the board's statistics, explain()'s citations, the page."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import optiplug
+from optiplug._board.results import ResultsFile, read_records
+from optiplug._board.summary import rows_of
+from optiplug._train.stats import mean_interval, welch
+
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("seconds", "seconds_to_target", "curve_seconds")
+
+
+def _runs(path: Path) -> list[dict[str, object]]:
+    """The run records of ``path``, timing fields dropped, in key order."""
+    runs = [
+        {k: v for k, v in r.items() if k not in TIMING}
+        for r in read_records(path)
+        if r["kind"] == "run"
+    ]
+    return sorted(runs, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def test_smoke_two_optimizers_one_workload(tmp_path: Path) -> None:
+    results = tmp_path / "board.jsonl"
+    board = optiplug.leaderboard(
+        only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
+    )
+    records = read_records(results)
+    header, runs = records[0], records[1:]
+    assert header["kind"] == "header" and header["seeds"] == [0] and header["versions"]["torch"]
+    assert sorted((r["optimizer"], r["lr"]) for r in runs) == [
+        ("adamw", 1e-4), ("adamw", 1e-3), ("sgd", 1e-4), ("sgd", 1e-3),
+    ]  # fmt: skip
+    assert all(r["budget"] == 5 and [s for s, _ in r["curve"]] == [0, 5] for r in runs)
+    assert {row.optimizer for row in board.workload("logistic")} == {"adamw", "sgd"}
+    again = optiplug.leaderboard(
+        only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
+    )
+    assert len([r for r in again.records if r["kind"] == "run"]) == 4  # all skipped: resumed
+
+
+def test_bad_input_is_typed_and_named(tmp_path: Path) -> None:
+    with pytest.raises(optiplug.errors.HyperparameterError, match="tier"):
+        optiplug.leaderboard(tier="fast", results=tmp_path / "x.jsonl", stream=None)
+    with pytest.raises(optiplug.errors.HyperparameterError, match="workload"):
+        optiplug.leaderboard(only=["sgd"], workloads=["mnist"], results=tmp_path / "x.jsonl")
+    with pytest.raises(optiplug.errors.UnknownOptimizerError):
+        optiplug.leaderboard(only=["no-such"], workloads=["logistic"], results=tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists() or not read_records(tmp_path / "x.jsonl")
+
+
+def test_torn_last_line_is_ignored_and_redone(tmp_path: Path) -> None:
+    results = tmp_path / "board.jsonl"
+    kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 2, "stream": None}
+    optiplug.leaderboard(results=results, **kwargs)
+    whole = _runs(results)
+    data = results.read_bytes()
+    results.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1] + data[-40:-1])  # torn
+    assert len(_runs(results)) == 1
+    optiplug.leaderboard(results=results, **kwargs)
+    assert _runs(results) == whole
+    assert results.read_bytes().endswith(b"\n")
+
+
+def _command(results: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "optiplug", "leaderboard", "--only", "adamw,sgd",
+        "--workloads", "logistic,digits", "--lrs", "3", "--quiet", "--results", str(results),
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path: Path) -> None:
+    whole, resumed = tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
+    subprocess.run(_command(whole), check=True, capture_output=True, timeout=600)
+    process = subprocess.Popen(_command(resumed), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(read_records(resumed)) < 3 and time.monotonic() < deadline:  # header + 2 runs
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    cut = _runs(resumed)
+    assert 2 <= len(cut) < len(_runs(whole)), "the kill came after the last record"
+    subprocess.run(_command(resumed), check=True, capture_output=True, timeout=600)
+    assert _runs(resumed) == _runs(whole)  # bit for bit: deterministic one-thread CPU runs
+
+
+def _record(optimizer: str, seed: int, steps: int | None, final: float) -> dict[str, object]:
+    return {
+        "kind": "run", "optimizer": optimizer, "workload": "char-lm", "lr": 1e-3, "seed": seed,
+        "status": "reached" if steps is not None else "not reached", "reason": "",
+        "final_metric": final, "steps_to_target": steps, "seconds_to_target": steps,
+        "target": 2.0, "budget": 150, "curve": [], "curve_seconds": [], "seconds": 1.0,
+    }  # fmt: skip
+
+
+def _small_results(path: Path) -> Path:
+    results = ResultsFile(path)
+    results.extend(_record("adamw", s, n, 1.9) for s, n in enumerate((100, 110, 120)))
+    results.extend(_record("lion", s, n, 1.8) for s, n in enumerate((80, 90, 100)))
+    results.close()
+    return path
+
+
+def test_rows_use_the_race_statistics(tmp_path: Path) -> None:
+    rows = {row.optimizer: row for row in rows_of(read_records(_small_results(tmp_path / "r")))}
+    lion = rows["lion"]
+    assert lion.steps is not None and (lion.steps.mean, lion.steps.half_width) == mean_interval(
+        [80.0, 90.0, 100.0]
+    )
+    # Welch by hand: t = (90 - 110) / sqrt(100/3 + 100/3) = -2.449, df = 4 (equal variances
+    # and sizes), two-sided p = 0.0705 from Student's t table (df 4: t 2.132 is 0.10, 2.776 is 0.05)
+    assert lion.p == welch([80, 90, 100], [100, 110, 120]).p
+    assert 0.05 < lion.p < 0.10 and math.isclose(lion.p, 0.0705, abs_tol=5e-4)
+    assert lion.steps_ratio == 90 / 110 and lion.p_on == "steps"
+
+
+def test_explain_cites_a_measurement_and_keeps_sources(tmp_path: Path) -> None:
+    evidence = optiplug.board_evidence(_small_results(tmp_path / "r.jsonl"))
+    text = optiplug.AutoOptimizer.explain(
+        "text-generation", num_parameters=10**6, stage="pretraining", evidence=evidence
+    )
+    assert "nearest workload char-lm" in text
+    assert "lion: 0.82x adamw's steps to target on char-lm, p = 0.07 (steps), 3 seeds" in text
+    assert "adamw: the board's baseline on char-lm: reached, 3 seeds" in text
+    assert "muon: not measured on char-lm; the rule's source: causal-LM pretraining" in text
+
+
+def test_the_page_matches_the_results_file() -> None:
+    page = (ROOT / "docs" / "leaderboard.md").read_text(encoding="utf-8")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import leaderboard_page
+    finally:
+        sys.path.pop(0)
+    records = read_records(leaderboard_page.RESULTS)
+    for row in rows_of(records):
+        assert leaderboard_page.row_line(row) in page, row
+    assert f"{sum(r['kind'] == 'run' for r in records):,} runs" in page
