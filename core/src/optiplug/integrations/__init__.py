@@ -5,6 +5,8 @@ optiplug`` imports none of them, nor the framework):
 
 * :mod:`optiplug.integrations.transformers`: optiplug optimizers in the
   Hugging Face ``Trainer`` (``optimizer_cls_and_kwargs=``, ``TrainingArguments.optim``).
+* :mod:`optiplug.integrations.timm`: every optiplug name in timm's optimizer
+  registry (``timm.optim.create_optimizer_v2(model, "optiplug:lion")``).
 
 Lightning needs no module: a factory and a schedule are ordinary
 hyperparameters, and they load under ``torch.load(..., weights_only=True)``
