@@ -194,7 +194,7 @@ def register(
             ``timm_registry`` is given.
     """
     if timm_registry is None or optim_info is None:
-        from timm.optim import OptimInfo, _optim_factory  # deferred: imports torch and timm
+        from timm.optim import OptimInfo, _optim_factory  # deferred: optional dependency
 
         timm_registry = _optim_factory.default_registry if timm_registry is None else timm_registry
         optim_info = OptimInfo if optim_info is None else optim_info
