@@ -5,7 +5,11 @@ first in ``__init__``. Given a :class:`~optiplug.base.Prepared` (what
 :func:`optiplug.create`, :meth:`optiplug.Registry.factory`, a
 :class:`~optiplug.Graph` and the AutoOptimizer hand over), it returns it as
 it is; given raw arguments (a class built directly), it validates them and
-chooses the implementation with the same routines, once.
+chooses the implementation with the same routines, once. torch.optim's
+kernel keywords (``fused=``, ``foreach=``, ``capturable=``,
+``differentiable=``, Adam's ``decoupled_weight_decay=``) are read there as
+:func:`optiplug.create` reads them, so ``AdamW(params, fused=True)`` is
+``AdamW(params, impl="fused")`` whichever way the class is built.
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from .._core import decision as _decision
 from .._core.decision import Prepared
 from .._core.params import parameter_tensors
 from .._core.specs import ImplementationSpec
+from .._core.torch_flags import (
+    KERNEL_FLAGS,
+    REFUSED_FLAGS,
+    all_on_cuda,
+    fixed_decoupling,
+    torch_flag_spellings,
+)
 from ..errors import HyperparameterError
+from ..validators import known_hyperparameters
 from ._contract import ValidatedLoading
 
 __all__ = [
@@ -33,6 +45,8 @@ __all__ = [
     "prepare",
     "validated_config",
 ]
+
+_DECOUPLED = "decoupled_weight_decay"
 
 UNSET: Any = object()
 """The default of ``lr``: not given (it may come as a keyword, or from a :class:`Prepared`)."""
@@ -119,7 +133,12 @@ def prepare(
     without ``implementation_specs`` (one way to step) only validates. Otherwise
     what is missing is done here: validation with ``cls.validated``, then
     the choice by the creating registry's chooser (the default registry's
-    for a class built directly), ``impl`` when forced.
+    for a class built directly), ``impl`` when forced. For a class built
+    directly, torch.optim's ``fused=``/``foreach=`` are first read as
+    ``impl`` exactly as :func:`optiplug.create` reads them (where the
+    class's implementations carry torch's names and its config does not
+    name the flags): ``fused=True`` is ``impl="fused"``, ``foreach=False``
+    ``impl="loop"``, and so on.
 
     Args:
         cls: the optimizer class being built.
@@ -134,12 +153,14 @@ def prepare(
 
     Raises:
         TypeError: a :class:`Prepared` given with keywords.
-        HyperparameterError: a bad keyword or value, or an ``impl`` that does
-            not exist or cannot run the parameters.
+        HyperparameterError: a bad keyword or value, an ``impl`` that does
+            not exist or cannot run the parameters, or one that contradicts
+            ``fused=``/``foreach=`` (naming both).
     """
-    made = _given(cls, params, lr, impl, dict(hparams or {}))
     specs = getattr(cls, "implementation_specs", None)
     candidates = specs() if specs is not None else ()
+    names = [candidate.name for candidate in candidates]
+    impl, made = _given(cls, params, lr, impl, dict(hparams or {}), names)
     if not cls.takes_decision(made):
         made = attrs.evolve(made, config=cls.validated(made.params, made.hparams))
     elif made.implementation is not None and made.impl in {c.name for c in candidates}:
@@ -163,16 +184,42 @@ def _by_priority(made: Prepared, candidates: Sequence[ImplementationSpec]) -> Pr
 
 
 def _given(
-    cls: type, params: Iterable[Any] | Prepared, lr: Any, impl: str | None, hparams: dict[str, Any]
-) -> Prepared:
-    """``params`` and the keywords as a :class:`Prepared` (one given alone is taken as it is)."""
+    cls: type,
+    params: Iterable[Any] | Prepared,
+    lr: Any,
+    impl: str | None,
+    hparams: dict[str, Any],
+    implementations: Sequence[str],
+) -> tuple[str | None, Prepared]:
+    """``impl`` and ``params`` with the keywords as a :class:`Prepared` (one given alone is taken as it is)."""
     if isinstance(params, Prepared):
         if lr is not UNSET or impl is not None or hparams:
             raise TypeError(f"{cls.__qualname__}: a Prepared is given alone, without keywords")
-        return params
+        return impl, params
     if lr is not UNSET:
         hparams["lr"] = lr
-    return Prepared(getattr(cls, "algorithm", ""), list(params), hparams, config=UNSET)
+    listed = list(params)
+    impl, hparams = _torch_spelled(cls, listed, impl, hparams, implementations)
+    return impl, Prepared(getattr(cls, "algorithm", ""), listed, hparams, config=UNSET)
+
+
+def _torch_spelled(
+    cls: type,
+    params: Sequence[Any],
+    impl: str | None,
+    hparams: dict[str, Any],
+    implementations: Sequence[str],
+) -> tuple[str | None, dict[str, Any]]:
+    """``impl`` and the keywords with torch's kernel keywords read as ``impl`` (as ``create`` does)."""
+    if not any(flag in hparams for flag in (*KERNEL_FLAGS, *REFUSED_FLAGS, _DECOUPLED)):
+        return impl, hparams
+    known = known_hyperparameters(getattr(cls, "config_class", None))
+    on_cuda = all_on_cuda(parameter_tensors(params))
+    decoupled = fixed_decoupling(cls) if _DECOUPLED in hparams else None
+    algorithm = getattr(cls, "algorithm", "") or cls.__qualname__
+    return torch_flag_spellings(
+        algorithm, implementations, known, impl, hparams, on_cuda, decoupled
+    )
 
 
 def _chosen(made: Prepared, candidates: Sequence[ImplementationSpec], impl: str | None) -> Prepared:

@@ -5,8 +5,13 @@ optiplug`` imports none of them, nor the framework):
 
 * :mod:`optiplug.integrations.transformers`: optiplug optimizers in the
   Hugging Face ``Trainer`` (``optimizer_cls_and_kwargs=``, ``TrainingArguments.optim``).
+* :mod:`optiplug.integrations.lightning`: :class:`ScheduleFreeMode`, a
+  callback keeping a schedule-free optimizer in train mode for training
+  steps and in eval mode for validation, test, predict and checkpoints.
+* :mod:`optiplug.integrations.timm`: every optiplug name in timm's optimizer
+  registry (``timm.optim.create_optimizer_v2(model, "optiplug:lion")``).
 
-Lightning needs no module: a factory and a schedule are ordinary
+Otherwise Lightning needs nothing: a factory and a schedule are ordinary
 hyperparameters, and they load under ``torch.load(..., weights_only=True)``
 (what ``load_from_checkpoint`` and ``trainer.fit(ckpt_path=...)`` use) because
 ``import optiplug`` allowlists them; :func:`safe_globals` lists what is
