@@ -16,6 +16,7 @@ from optiplug.errors import OptiplugError
 BUILTIN_COMMANDS = {
     "commands": {"auto", "bench", "check", "list", "new-plugin", "schedule", "show"},
     "train": {"train", "tune"},
+    "leaderboard": {"leaderboard"},
 }
 
 

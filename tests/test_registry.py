@@ -328,7 +328,7 @@ def test_disable_plugins_environment_variable() -> None:
         "    print('unavailable', 'OPTIPLUG_DISABLE_PLUGINS' in str(e))\n"
     )
     out = run_python(
-        code, OPTIPLUG_DISABLE_PLUGINS="sgd, adam, pytorch_optimizer, heavyball"
+        code, OPTIPLUG_DISABLE_PLUGINS="sgd, adam, pytorch_optimizer, heavyball, bitsandbytes"
     ).stdout.split("\n")
     assert out[0] == "disabled disabled True False"
     assert out[1] == "unavailable True"

@@ -70,8 +70,14 @@ def test_a_bridged_library_missing_makes_its_plugin_unavailable_naming_what_to_i
 
 # ------------------------------------------------------------------ stepping without a closure
 def _closure_specs() -> list[str]:
+    """Every closure optimizer's name, qualified where several plugins serve it (lbfgs)."""
     registry = optiplug.default_registry()
-    return sorted(spec.name for spec in registry.optimizer_specs() if spec.step_closure)
+    clashes = registry.clashes()
+    names = set()
+    for spec in registry.optimizer_specs():
+        if spec.step_closure:
+            names.update(clashes.get(spec.name, (spec.name,)))
+    return sorted(names)
 
 
 @pytest.mark.parametrize("name", _closure_specs())
@@ -120,7 +126,7 @@ def test_graph_refuses_a_closure_optimizer_and_keeps_the_one_it_had() -> None:
     graph = optiplug.Graph(model)
     kept = graph.set_optimizer(optiplug.factory("adamw", lr=1e-3))
     with pytest.raises(GraphError, match="training_step"):
-        graph.set_optimizer(optiplug.factory("lbfgs"))
+        graph.set_optimizer(optiplug.factory("torch:lbfgs"))
     assert graph.optimizer is kept
     graph.backward(model(torch.ones(2, 4)).sum())  # and it still trains with it
     assert graph.step()

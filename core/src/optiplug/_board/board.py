@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import attrs
 
+from .._api import default_registry
 from .._core.registry import Registry
 from ..errors import HyperparameterError
 from .results import ResultsFile, key_of, machine, read_records
@@ -155,8 +156,7 @@ def _work(
     key: tuple[str, str, float | None, int], spec: Workload, target: float | None
 ) -> dict[str, Any]:
     """Run one key in a worker process (the default registry, discovered there)."""
-    from .._api import default_registry
-    from .runner import RunKey, run_one
+    from .runner import RunKey, run_one  # deferred: imports torch
 
     return run_one(RunKey(*key), spec, target, default_registry())
 
@@ -200,7 +200,7 @@ def _execute(
 ) -> None:
     targets = load_targets()
     if jobs == 1:
-        from .runner import RunKey, run_one
+        from .runner import RunKey, run_one  # deferred: imports torch
 
         for key in keys:
             record = run_one(RunKey(*key), specs[key[1]], targets.get(key[1]), registry)
@@ -263,7 +263,6 @@ def leaderboard(
             provider with none of the selected optimizers.
         UnknownOptimizerError: a name of ``only`` is not installed.
     """
-    from .._api import default_registry
 
     registry = registry or default_registry()
     _check(tier, lrs, seeds, top, jobs, steps)

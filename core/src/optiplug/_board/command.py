@@ -107,7 +107,7 @@ def table(rows: list[Row], mark: set[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the tier, then print each workload's board with the entries run marked."""
-    from .board import Board, leaderboard, published_records
+    from .board import Board, leaderboard, published_records  # deferred: imports torch
 
     try:
         board = leaderboard(
@@ -152,6 +152,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _order(name: str) -> int:
-    from .workloads import WORKLOADS
+    from .workloads import WORKLOADS  # deferred: imports torch
 
     return list(WORKLOADS).index(name) if name in WORKLOADS else len(WORKLOADS)

@@ -55,10 +55,10 @@ def derive(registry: Registry, path: Path | None = None) -> dict[str, Any]:
         What was written: per workload the sweep's final metrics, the lr
         chosen, the seeds' final metrics and the target.
     """
-    import torch
+    import torch  # deferred: imports torch
 
-    from .runner import RunKey, run_one
-    from .workloads import WORKLOADS
+    from .runner import RunKey, run_one  # deferred: imports torch
+    from .workloads import WORKLOADS  # deferred: imports torch
 
     derived: dict[str, Any] = {}
     for name, spec in WORKLOADS.items():

@@ -23,7 +23,9 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from ..errors import OptiplugError
+from .._train.data import load_corpus, spread, windows
+from .._train.model import CharTransformer, mean_loss, next_token_loss
+from ..errors import HyperparameterError, OptiplugError
 
 __all__ = ["WORKLOADS", "Problem", "Workload", "workload"]
 
@@ -75,8 +77,8 @@ def _sampler(count: int, batch_size: int, seed: int) -> Callable[[], torch.Tenso
 
 def _sklearn(name: str) -> Any:
     try:
-        import sklearn.datasets as datasets
-        import sklearn.model_selection as model_selection
+        import sklearn.datasets as datasets  # deferred: optional dependency
+        import sklearn.model_selection as model_selection  # deferred: optional dependency
     except ModuleNotFoundError:
         raise OptiplugError(
             f"the {name!r} workload needs scikit-learn, which is not installed; "
@@ -105,14 +107,11 @@ _LM_VAL_WINDOWS = 64
 
 @functools.lru_cache(maxsize=1)
 def _corpus() -> Any:
-    from .._train.data import load_corpus
 
     return load_corpus(None, _LM["max_chars"])
 
 
 def _char_lm(seed: int) -> Problem:
-    from .._train.data import spread, windows
-    from .._train.model import CharTransformer, mean_loss, next_token_loss
 
     corpus = _corpus()
     rows = windows(corpus.train, _LM["block"])
@@ -230,7 +229,6 @@ def workload(name: str) -> Workload:
     Raises:
         HyperparameterError: no such workload (naming the ones there are).
     """
-    from ..errors import HyperparameterError
 
     if name not in WORKLOADS:
         raise HyperparameterError(

@@ -82,7 +82,14 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
             limitation=item.limitation,
         ),
         hf_names=_hf_names(item),
+        example_hparams=_example_hparams(item),
     )
+
+
+def _example_hparams(item: Entry) -> dict[str, float]:
+    """A momentum for the classes bitsandbytes implements with momentum only (SGD, LARS)."""
+    required = any(p.name == "momentum" and p.check == "momentum_required" for p in item.params)
+    return {"momentum": 0.9} if required else {}
 
 
 @optiplug.hookimpl
