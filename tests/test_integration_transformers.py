@@ -362,3 +362,11 @@ def test_apollo_and_grokadamw_say_why_they_are_not_served() -> None:
     ):
         entry = HF_OPTIMIZERS[optim]
         assert not entry.routes and named in entry.reason, (optim, entry.reason)
+
+
+def test_galore_adamw_warns_that_it_does_not_project(tmp_path: Path) -> None:
+    """pytorch_optimizer's GaLore projects only groups with a ``rank``; optiplug gives none."""
+    with pytest.warns(UserWarning, match="no low-rank projection"):
+        cls, kwargs = from_training_args(arguments(tmp_path, optim="galore_adamw"))
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert not any("rank" in group for group in optimizer.param_groups)

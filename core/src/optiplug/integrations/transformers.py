@@ -110,8 +110,9 @@ _UNSERVABLE = (
     ("_npu_", "it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
     ("_layerwise", "transformers steps one optimizer per parameter in a post-accumulate-grad "
      "hook and hands the Trainer a dummy optimizer and scheduler (LayerWiseDummyOptimizer, "
-     "LayerWiseDummyScheduler); optiplug's optimizer_cls_and_kwargs route builds one optimizer "
-     "the Trainer steps, and does not build that arrangement"),
+     "LayerWiseDummyScheduler), whose checkpoint holds none of the per-parameter states: a "
+     "resumed run would restart them, which optiplug's checkpoint rule (what save writes, load "
+     "restores) forbids"),
 )  # fmt: skip
 """``(part, reason)``: why no plugin can serve a transformers name holding ``part``."""
 
