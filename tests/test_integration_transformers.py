@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import optiplug
-from optiplug.errors import UnknownOptimizerError
+from optiplug.errors import HyperparameterError, UnknownOptimizerError
 from optiplug.integrations.transformers import (
     TrainerOptimizer,
     from_training_args,
@@ -147,7 +148,7 @@ def test_every_transformers_optim_name_is_mapped_served_or_explained(tmp_path: P
         installed = [route.name for route in entry.routes if registry.has(route.name)]
         assert installed, f"{optim}: none of {[r.name for r in entry.routes]} is installed"
     served = [optim for optim, entry in HF_OPTIMIZERS.items() if entry.routes]
-    assert len(served) >= 29, len(served)  # of transformers' 41 names
+    assert len(served) >= 30, len(served)  # of transformers' 41 names
 
 
 @pytest.mark.parametrize(
@@ -266,3 +267,106 @@ def test_adagrad_and_rmsprop_get_the_keywords_transformers_gives_them(
     optimizer = cls()(tiny_gpt2(), **kwargs)
     assert {group["eps"] for group in optimizer.param_groups} == {torch_eps}
     assert type(optimizer).__name__ == {"adagrad": "Adagrad", "rmsprop": "RMSprop"}[optim]
+
+
+def test_adamw_anyprecision_steps_as_torch_adamw_with_the_keywords_transformers_gives(
+    tmp_path: Path,
+) -> None:
+    """transformers builds AnyPrecisionAdamW(lr, betas, eps) over its decay groups.
+
+    With its default float32 moments and no Kahan summation AnyPrecisionAdamW
+    is AdamW's published formula (p *= 1 - lr*wd; m, v moving averages;
+    p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)), which torch.optim.AdamW
+    computes; optiplug's adamw runs torch's kernel (the same foreach/fused one
+    here), so 3 steps are bit-equal.
+    """
+    args = arguments(
+        tmp_path, optim="adamw_anyprecision", weight_decay=0.1, adam_beta2=0.95, adam_epsilon=1e-7
+    )
+    cls, kwargs = from_training_args(args)
+    assert cls.factory.name == "adamw" and kwargs == {}
+    assert cls.factory.hparams == {
+        "lr": 1e-3,
+        "weight_decay": 0.1,
+        "betas": (0.9, 0.95),
+        "eps": 1e-7,
+    }
+    model, reference_model = tiny_gpt2().eval(), tiny_gpt2().eval()  # eval: no dropout draws
+    optimizer = cls()(model)
+    by_name = dict(reference_model.named_parameters())
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [
+        {"params": [by_name[names[id(p)]] for p in g["params"]], "weight_decay": g["weight_decay"]}
+        for g in optimizer.param_groups
+    ]
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]  # the Trainer's decay rule
+    kernel = {key: optimizer.param_groups[0][key] for key in ("foreach", "fused")}  # as chosen
+    reference = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-7, **kernel)
+    for step in range(3):
+        for net, opt in ((model, optimizer), (reference_model, reference)):
+            opt.zero_grad()
+            batch = Tokens().data[step * 8 : step * 8 + 8]
+            net(input_ids=batch, labels=batch).loss.backward()
+            opt.step()
+    for name, value in model.named_parameters():
+        torch.testing.assert_close(value, by_name[name], rtol=0, atol=0, msg=name)
+
+
+def test_adamw_anyprecision_bf16_moments_are_bf16_state_precision(tmp_path: Path) -> None:
+    both = "momentum_dtype=bfloat16, variance_dtype=bfloat16"
+    args = arguments(tmp_path, optim="adamw_anyprecision", optim_args=both)
+    with pytest.warns(UserWarning, match="rounds them back stochastically"):
+        cls, kwargs = from_training_args(args)
+    assert cls.factory.hparams["state_precision"] == "bf16"
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert {group["state_precision"] for group in optimizer.param_groups} == {"bf16"}
+    # transformers' defaults, given explicitly, are AdamW exactly: no caveat
+    fp32 = "use_kahan_summation=False,momentum_dtype=float32,compensation_buffer_dtype=bfloat16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls, _ = from_training_args(
+            arguments(tmp_path, optim="adamw_anyprecision", optim_args=fp32)
+        )
+    assert "state_precision" not in cls.factory.hparams
+
+
+@pytest.mark.parametrize(
+    ("optim", "optim_args", "match"),
+    [
+        ("adamw_anyprecision", "use_kahan_summation=True", "Kahan"),
+        ("adamw_anyprecision", "momentum_dtype=bfloat16", "one precision"),
+        ("adamw_anyprecision", "variance_dtype=float64", "one precision"),
+        ("adamw_anyprecision", "momentum_dtype=float99", "no torch dtype"),
+        ("adamw_anyprecision", "use_kahan_summation=maybe", "not a bool"),
+        ("adamw_anyprecision", "kahan=True", "unknown key 'kahan'"),
+        ("adamw_anyprecision", "momentum_dtype", "not key=value"),
+        ("adamw_torch", "foo=1", "not read by optiplug"),
+    ],
+)
+def test_optim_args_optiplug_cannot_compute_are_refused(
+    optim: str, optim_args: str, match: str, tmp_path: Path
+) -> None:
+    with pytest.raises(HyperparameterError, match=match) as raised:
+        from_training_args(arguments(tmp_path, optim=optim, optim_args=optim_args))
+    assert raised.value.field == "optim_args"
+
+
+def test_apollo_and_grokadamw_say_why_they_are_not_served() -> None:
+    from optiplug.integrations.transformers import HF_OPTIMIZERS
+
+    for optim, named in (
+        ("apollo_adamw", "APOLLOAdamW"),
+        ("apollo_adamw_layerwise", "APOLLOAdamW"),
+        ("grokadamw", "GrokFastAdamW"),
+        ("galore_adamw_layerwise", "LayerWiseDummyOptimizer"),
+    ):
+        entry = HF_OPTIMIZERS[optim]
+        assert not entry.routes and named in entry.reason, (optim, entry.reason)
+
+
+def test_galore_adamw_warns_that_it_does_not_project(tmp_path: Path) -> None:
+    """pytorch_optimizer's GaLore projects only groups with a ``rank``; optiplug gives none."""
+    with pytest.warns(UserWarning, match="no low-rank projection"):
+        cls, kwargs = from_training_args(arguments(tmp_path, optim="galore_adamw"))
+    optimizer = cls()(tiny_gpt2(), **kwargs)
+    assert not any("rank" in group for group in optimizer.param_groups)

@@ -108,10 +108,27 @@ class HFOptim:
 _UNSERVABLE = (
     ("_xla", "it runs on XLA devices; optiplug runs on CPUs and CUDA"),
     ("_npu_", "it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
-    ("_layerwise", "a layer-wise optimizer steps inside the backward pass, which the Trainer "
-     "drives itself"),
+    ("_layerwise", "transformers steps one optimizer per parameter in a post-accumulate-grad "
+     "hook and hands the Trainer a dummy optimizer and scheduler (LayerWiseDummyOptimizer, "
+     "LayerWiseDummyScheduler), whose checkpoint holds none of the per-parameter states: a "
+     "resumed run would restart them, which optiplug's checkpoint rule (what save writes, load "
+     "restores) forbids"),
 )  # fmt: skip
 """``(part, reason)``: why no plugin can serve a transformers name holding ``part``."""
+
+_APOLLO_DIFFERS = (
+    "transformers builds apollo_torch's APOLLOAdamW, which scales the full-rank gradient by the "
+    "low-rank Adam update's norm ratio; the only installed APOLLO (pytorch_optimizer's) steps with "
+    "the scaled low-rank gradient projected back, a different update"
+)
+
+_NOT_SERVED = {
+    "apollo_adamw": _APOLLO_DIFFERS,
+    "apollo_adamw_layerwise": f"its base apollo_adamw is not served: {_APOLLO_DIFFERS}",
+    "grokadamw": "transformers builds the grokadamw package's GrokAdamW, which no installed "
+    "library provides (pytorch_optimizer's GrokFastAdamW is a different algorithm)",
+}
+"""Why no installed plugin can serve these transformers names faithfully."""
 
 _UNDECLARED = "no plugin installed here declares it"
 
@@ -165,6 +182,8 @@ def _rank(item: tuple[int, str, HFRoute]) -> tuple[int, str]:
 
 def _unserved_reason(optim: str) -> str:
     """Why no algorithm serves ``optim``."""
+    if optim in _NOT_SERVED:
+        return _NOT_SERVED[optim]
     return next((why for part, why in _UNSERVABLE if part in optim), _UNDECLARED)
 
 
@@ -368,6 +387,106 @@ def _fused_optimizers(accelerator: Any) -> list[Any]:
     return found
 
 
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+"""What transformers' ``strtobool`` reads as True and as False."""
+
+_ANYPRECISION_DEFAULTS = {
+    "use_kahan_summation": "False",
+    "momentum_dtype": "float32",
+    "variance_dtype": "float32",
+    "compensation_buffer_dtype": "bfloat16",
+}
+"""The ``optim_args`` transformers reads for ``adamw_anyprecision``, with its defaults."""
+
+_BF16_MOMENTS = (
+    "bfloat16 moments are optiplug's bf16 state precision: the step runs in float32 on the "
+    "decoded moments and rounds them back stochastically, where AnyPrecisionAdamW computes in "
+    "bfloat16 and rounds each operation to nearest"
+)
+
+
+def _parse_optim_args(text: str) -> dict[str, str]:
+    """``"key=value,key=value"`` (spaces ignored, as transformers reads it) -> a dict.
+
+    Raises:
+        HyperparameterError: an item is not ``key=value``.
+    """
+    found: dict[str, str] = {}
+    for item in text.replace(" ", "").split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key or "=" in value:
+            raise HyperparameterError("optim_args", text, f"{item!r} is not key=value")
+        found[key] = value
+    return found
+
+
+def _anyprecision_hparams(text: str) -> tuple[dict[str, Any], str]:
+    """``adamw_anyprecision``'s ``optim_args`` -> (optiplug ``adamw`` hyperparameters, caveat).
+
+    float32 moments without Kahan summation are AdamW exactly; bfloat16 moments
+    map to ``state_precision="bf16"`` with a caveat.
+
+    Raises:
+        HyperparameterError: an unknown key, a bad value, Kahan summation or
+            mixed moment dtypes (nothing optiplug has computes them).
+    """
+    given = _parse_optim_args(text) if text else {}
+    unknown = sorted(set(given) - set(_ANYPRECISION_DEFAULTS))
+    if unknown:
+        known = ", ".join(_ANYPRECISION_DEFAULTS)
+        raise HyperparameterError("optim_args", text, f"unknown key {unknown[0]!r} (read: {known})")
+    read = {**_ANYPRECISION_DEFAULTS, **given}
+    kahan = read["use_kahan_summation"].lower()
+    if kahan not in _TRUE + _FALSE:
+        raise HyperparameterError(
+            "optim_args", text, f"use_kahan_summation={kahan!r} is not a bool"
+        )
+    for key in ("momentum_dtype", "variance_dtype", "compensation_buffer_dtype"):
+        if not isinstance(getattr(torch, read[key], None), torch.dtype):
+            raise HyperparameterError("optim_args", text, f"{key}={read[key]!r} is no torch dtype")
+    if kahan in _TRUE:
+        raise HyperparameterError(
+            "optim_args", text, "use_kahan_summation=True: optiplug's adamw has no "
+            "Kahan-compensated parameter update; use False"
+        )  # fmt: skip
+    moments = (read["momentum_dtype"], read["variance_dtype"])
+    if moments == ("float32", "float32"):
+        return {}, ""
+    if moments == ("bfloat16", "bfloat16"):
+        return {"state_precision": "bf16"}, _BF16_MOMENTS
+    raise HyperparameterError(
+        "optim_args", text, f"momentum_dtype={moments[0]}, variance_dtype={moments[1]}: optiplug "
+        "keeps both moments in one precision; give both float32 or both bfloat16"
+    )  # fmt: skip
+
+
+_OPTIM_ARGS: dict[str, Callable[[str], tuple[dict[str, Any], str]]] = {
+    "adamw_anyprecision": _anyprecision_hparams,
+}
+"""``optim`` -> the reader of its ``TrainingArguments.optim_args`` (the names optiplug reads them for)."""
+
+
+def _read_optim_args(optim: str, text: str | None) -> tuple[dict[str, Any], str]:
+    """``args.optim_args`` for ``optim`` -> (hyperparameters, caveat).
+
+    Raises:
+        HyperparameterError: ``optim_args`` given for a name optiplug does not
+            read them for, or refused by the name's reader.
+    """
+    reader = _OPTIM_ARGS.get(optim)
+    if reader is not None:
+        return reader(text or "")
+    if text:
+        raise HyperparameterError(
+            "optim_args",
+            text,
+            "TrainingArguments.optim_args is not read by optiplug for this optim: pass those "
+            "hyperparameters as keywords to from_training_args()",
+        )
+    return {}, ""
+
+
 def optimizer_cls_and_kwargs(
     name: str | OptimizerFactory,
     *,
@@ -428,24 +547,18 @@ def from_training_args(
     Raises:
         UnknownOptimizerError: ``args.optim`` has no optiplug counterpart
             (GaLore's layer-wise names...), with the names that do.
-        HyperparameterError: ``args.optim_args`` is set (give the keywords as
-            ``overrides`` instead), or a bad hyperparameter.
+        HyperparameterError: ``args.optim_args`` is set for a name other than
+            ``adamw_anyprecision`` (give the keywords as ``overrides`` instead)
+            or asks for what optiplug cannot compute, or a bad hyperparameter.
     """
     optim = str(getattr(args.optim, "value", args.optim))
-    if args.optim_args:
-        raise HyperparameterError(
-            "optim_args",
-            args.optim_args,
-            "TrainingArguments.optim_args is not read by optiplug: pass those "
-            "hyperparameters as keywords to from_training_args()",
-        )
+    read, read_caveat = _read_optim_args(optim, args.optim_args)
     found = registry if registry is not None else _api.default_registry()
     route = _route(optim, found)
     name, impl = route.name, route.impl
-    if route.caveat:
-        warnings.warn(
-            f"TrainingArguments.optim={optim!r}: {route.caveat}", UserWarning, stacklevel=2
-        )
+    caveat = "; ".join(note for note in (route.caveat, read_caveat) if note)
+    if caveat:
+        warnings.warn(f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=2)
     offered = {
         "lr": args.learning_rate,
         "weight_decay": args.weight_decay,
@@ -460,4 +573,5 @@ def from_training_args(
     betas = accepted.get("betas")
     if betas is not None and isinstance(betas.default, tuple) and len(betas.default) != 2:
         hparams.pop("betas", None)  # AdEMAMix's three betas: the Trainer's two do not fit
-    return optimizer_cls_and_kwargs(name, impl=impl, registry=found, **{**hparams, **overrides})
+    merged = {**hparams, **read, **overrides}
+    return optimizer_cls_and_kwargs(name, impl=impl, registry=found, **merged)

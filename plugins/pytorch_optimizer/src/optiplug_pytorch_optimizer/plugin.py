@@ -35,8 +35,9 @@ HF_NAMES: dict[str, tuple[optiplug.HFName, ...]] = {
     "galore": (
         optiplug.HFName(
             "galore_adamw",
-            caveat="GaLore's projection settings (rank, update_proj_gap, scale) come from "
-            "from_training_args() keywords, not optim_target_modules",
+            caveat="no low-rank projection: pytorch_optimizer's GaLore projects only param "
+            "groups that carry a rank, and optiplug neither reads optim_target_modules nor takes "
+            "rank, so every parameter steps as AdamW",
         ),
     ),
     "lomo": (optiplug.HFName("lomo"),),
