@@ -22,7 +22,7 @@ from optiplug.errors import ClosureRequiredError, GraphError, PluginConflictErro
 # ------------------------------------------------------------------ a bridged library missing
 LIBRARIES = {
     # the import name: (its plugin, what pip installs, one of its optimizers)
-    "torchao": ("torchao", "torchao", "adamw8bit"),
+    "torchao": ("torchao", "torchao", "torchao:adamw8bit"),
     "heavyball": ("heavyball", "heavyball", "heavyball:soap"),
     "pytorch_optimizer": ("pytorch_optimizer", "pytorch-optimizer", "adan"),
     "schedulefree": ("schedulefree", "schedulefree", "adamw_schedulefree"),

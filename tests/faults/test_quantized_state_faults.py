@@ -40,7 +40,7 @@ def _stepped(name: str, shape: tuple[int, ...], **hparams: object) -> torch.opti
 CHECKED = {
     "int8-adamw": ("adamw", {"lr": 1e-3, "state_precision": "int8"}),
     "int8-muon-factors": ("muon", {"lr": 0.02, "state_precision": "int8"}),
-    "torchao-adamw8bit": ("adamw8bit", {"lr": 1e-3}),
+    "torchao-adamw8bit": ("torchao:adamw8bit", {"lr": 1e-3}),
 }
 
 
