@@ -248,10 +248,17 @@ def test_a_candidate_whose_warm_up_exceeds_the_budget_is_dropped_not_waited_for(
     while any(t.name.endswith("-toy-slow") for t in threading.enumerate()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    registry.create("toy", params())
-    measured = chooser_of(registry).measurements()[key]
-    assert measured.dropped == {} and all(t < float("inf") for t in measured.timings.values())
-    assert key in chooser_of(registry).decisions()
+    # the three candidates are the same SGD, a near tie: on a busy machine a
+    # measurement may be left in doubt, which is not cached and is measured
+    # again at the next create, so a few creates settle it
+    for _ in range(8):
+        registry.create("toy", params())
+        measured = chooser_of(registry).measurements()[key]
+        assert measured.dropped == {}
+        assert all(t < float("inf") for t in measured.timings.values())
+        if key in chooser_of(registry).decisions():
+            break
+    assert key in chooser_of(registry).decisions(), measured.doubt
 
 
 def test_warm_up_runs_with_the_callers_intra_op_threads(one_thread: None) -> None:
