@@ -63,6 +63,20 @@ def _plot(name: str, rows: list[Row], records: list[dict[str, object]]) -> str |
     return image
 
 
+def _tiers(records: list[dict[str, object]], rows: list[Row]) -> str:
+    """What the tiers in ``records`` cover, in words."""
+    tiers = {r["tier"] for r in records if r.get("kind") == "header"}
+    seeded = sorted({row.optimizer for row in rows if len(row.seeds) > 1})
+    if "ranked" not in tiers or not seeded:
+        return "smoke tier only so far: one seed, so no p-values yet."
+    most = max(len(row.seeds) for row in rows)
+    return (
+        f"the smoke tier, and the ranked tier for {len(seeded)} entries (the most robust of the "
+        f"smoke tier and the ten most-used algorithms) with up to {most} seeds, so their rows "
+        "have intervals and p-values."
+    )
+
+
 def main() -> None:
     records = read_records(RESULTS)
     rows = rows_of(records)
@@ -77,8 +91,7 @@ def main() -> None:
         "(`core/src/optiplug/_board/published.jsonl`, shipped with optiplug);",
         "`tests/test_leaderboard.py` checks its numbers against that file.", "",
         f"**State: {len(runs):,} runs** of {len({r['optimizer'] for r in runs})} optimizers "
-        f"({', '.join(f'{n} {s}' for s, n in statuses.most_common())}), smoke tier only so far: "
-        "one seed, so no p-values yet; the ranked tier (5 seeds) will add them.",
+        f"({', '.join(f'{n} {s}' for s, n in statuses.most_common())}); {_tiers(records, rows)}",
         f"Measured on {header['processor']} ({header['cpus']} CPUs, one thread per run), "
         f"torch {header['versions']['torch']}, scikit-learn {header['versions']['scikit-learn']}.",
         "", "## How it is measured", "",
@@ -88,6 +101,9 @@ def main() -> None:
         "metric. Each workload has a fixed step budget and a target: the validation metric that",
         "lr-tuned AdamW reaches at its full budget (AlgoPerf's rule; derived by",
         "`scripts/leaderboard_targets.py`, stored with its sweep in `_board/targets.json`).",
+        "AdamW, the baseline, also runs at that tuned lr, so its row is tuned AdamW. The ranked",
+        "tier (`--tier ranked`) reruns the most robust entries, and (`--only`) the ten most-used",
+        "algorithms AutoOptimizer cites, on seeds 0-4 at their chosen lr.",
         "A run *reached* when a validation point got to the target, *diverged* on a non-finite",
         "loss or a metric over 3x its initial value, *failed* when the optimizer could not be",
         "built or stepped (reason given). Steps and seconds to target are means with 95%",

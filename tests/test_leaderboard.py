@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import optiplug
-from optiplug._board.results import ResultsFile, read_records
+from optiplug._board.results import ResultsFile, key_of, read_records
+from optiplug._auto.evidence import MOST_USED, load_evidence
+from optiplug._board.targets import load_tuned_lrs
 from optiplug._board.summary import rows_of
 from optiplug._train.stats import mean_interval, welch
 
@@ -40,17 +42,20 @@ def test_smoke_two_optimizers_one_workload(tmp_path: Path) -> None:
         only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
     )
     records = read_records(results)
-    header, runs = records[0], records[1:]
+    header, runs = records[0], [r for r in records if r["kind"] == "run"]
     assert header["kind"] == "header" and header["seeds"] == [0] and header["versions"]["torch"]
+    tuned = load_tuned_lrs()["logistic"]  # the baseline also runs at its tuned lr
     assert sorted((r["optimizer"], r["lr"]) for r in runs) == [
-        ("adamw", 1e-4), ("adamw", 1e-3), ("sgd", 1e-4), ("sgd", 1e-3),
+        ("adamw", 1e-4), ("adamw", 1e-3), ("adamw", tuned), ("sgd", 1e-4), ("sgd", 1e-3),
     ]  # fmt: skip
+    starts = [r for r in records if r["kind"] == "start"]
+    assert [key_of(r) for r in starts] == [key_of(r) for r in runs]  # a marker before each run
     assert all(r["budget"] == 5 and [s for s, _ in r["curve"]] == [0, 5] for r in runs)
     assert {row.optimizer for row in board.workload("logistic")} == {"adamw", "sgd"}
     again = optiplug.leaderboard(
         only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
     )
-    assert len([r for r in again.records if r["kind"] == "run"]) == 4  # all skipped: resumed
+    assert len([r for r in again.records if r["kind"] == "run"]) == 5  # all skipped: resumed
 
 
 def test_bad_input_is_typed_and_named(tmp_path: Path) -> None:
@@ -76,6 +81,50 @@ def test_torn_last_line_is_ignored_and_redone(tmp_path: Path) -> None:
     assert results.read_bytes().endswith(b"\n")
 
 
+def _died_twice(results: Path, key: dict[str, object]) -> None:
+    """A results file where ``key``'s run started twice and its process died both times."""
+    out = ResultsFile(results)
+    out.extend([{"kind": "start", **key}, {"kind": "start", **key}])
+    out.close()
+
+
+def test_a_run_that_killed_its_process_twice_is_recorded_failed(tmp_path: Path) -> None:
+    results = tmp_path / "board.jsonl"
+    key = {"optimizer": "sgd", "workload": "logistic", "lr": 1e-4, "seed": 0}
+    _died_twice(results, key)
+    kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 2, "stream": None}
+    optiplug.leaderboard(results=results, **kwargs)
+    runs = {r["lr"]: r for r in read_records(results) if r["kind"] == "run"}
+    assert runs[1e-4]["status"] == "failed" and "ended during this run 2 times" in (
+        runs[1e-4]["reason"]
+    )
+    assert runs[1e-4]["curve"] == [] and runs[1e-3]["status"] != "failed"  # the other one ran
+
+
+def test_one_death_or_an_interrupt_is_retried(tmp_path: Path) -> None:
+    results = tmp_path / "board.jsonl"
+    key = {"optimizer": "sgd", "workload": "logistic", "lr": 1e-4, "seed": 0}
+    out = ResultsFile(results)
+    marks = ["start", "start", "interrupted"]  # died once, then stopped by Ctrl-C
+    out.extend({"kind": kind, **key} for kind in marks)
+    out.close()
+    kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 1, "stream": None}
+    optiplug.leaderboard(results=results, **kwargs)
+    (run,) = [r for r in read_records(results) if r["kind"] == "run"]
+    assert run["status"] != "failed" and run["curve"], run["reason"]
+
+
+@pytest.mark.slow
+def test_parallel_jobs_give_the_serial_records(tmp_path: Path) -> None:
+    serial, parallel = tmp_path / "serial.jsonl", tmp_path / "parallel.jsonl"
+    kwargs = {"only": ["adamw", "sgd"], "workloads": ["logistic"], "steps": 20, "lrs": 2}
+    optiplug.leaderboard(results=serial, stream=None, **kwargs)
+    optiplug.leaderboard(results=parallel, stream=None, jobs=2, **kwargs)
+    assert _runs(parallel) == _runs(serial)  # spawned workers: the same deterministic runs
+    header = next(r for r in read_records(parallel) if r["kind"] == "header")
+    assert header["jobs"] == 2
+
+
 def _command(results: Path) -> list[str]:
     return [
         sys.executable, "-m", "optiplug", "leaderboard", "--only", "adamw,sgd",
@@ -89,7 +138,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path: Path) -> Non
     subprocess.run(_command(whole), check=True, capture_output=True, timeout=600)
     process = subprocess.Popen(_command(resumed), stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while len(read_records(resumed)) < 3 and time.monotonic() < deadline:  # header + 2 runs
+    while len(_runs(resumed)) < 2 and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -138,6 +187,27 @@ def test_explain_cites_a_measurement_and_keeps_sources(tmp_path: Path) -> None:
     assert "lion: 0.82x adamw's steps to target on char-lm, p = 0.07 (steps), 3 seeds" in text
     assert "adamw: the board's baseline on char-lm: reached, 3 seeds" in text
     assert "muon: not measured on char-lm; the rule's source: causal-LM pretraining" in text
+    comparison = text.split("for comparison, the most-used algorithms on char-lm:\n")[1]
+    assert comparison.splitlines()[0] == "adam: not measured on char-lm"  # not a candidate
+    assert "adamw:" not in comparison and "lion:" not in comparison  # already cited above
+
+
+@pytest.mark.parametrize(
+    ("task", "workload"),
+    [
+        ("text-generation", "char-lm"),
+        ("image-classification", "digits"),
+        ("tabular-regression", "diabetes"),
+        ("tabular-classification", "logistic"),
+    ],
+)
+def test_explain_cites_the_published_board_for_the_most_used(task: str, workload: str) -> None:
+    published = {(m.optimizer, m.workload): m for m in load_evidence()}
+    text = optiplug.AutoOptimizer.explain(task, num_parameters=10**6)
+    assert f"nearest workload {workload}" in text
+    for name in MOST_USED:
+        measured = published[(name, workload)]  # every one of them is on the committed board
+        assert measured.citation() in text
 
 
 def test_the_page_matches_the_results_file() -> None:

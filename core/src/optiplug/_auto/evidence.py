@@ -23,7 +23,33 @@ import attrs
 
 from .._core.specs import SelectionRequest
 
-__all__ = ["Measurement", "cite", "load_evidence", "nearest_workload"]
+__all__ = [
+    "MOST_USED",
+    "Measurement",
+    "cite",
+    "compare_most_used",
+    "load_evidence",
+    "nearest_workload",
+]
+
+MOST_USED = (
+    "adamw",
+    "adam",
+    "sgd",
+    "torch:rmsprop",
+    "torch:adagrad",
+    "adafactor",
+    "lion",
+    "pytorch_optimizer:lamb",
+    "muon",
+    "adamw_schedulefree",
+)
+"""The ten algorithms users reach for most, by board name, cited beside every selection.
+
+torch.optim's five most common (AdamW, Adam, SGD, RMSprop, Adagrad); the
+memory-lean and sign-based ones transformers' ``TrainingArguments.optim``
+and timm's factory both name (Adafactor, Lion, LAMB); Muon, the speedrun's
+optimizer; Schedule-Free AdamW, AlgoPerf's self-tuning winner."""
 
 _FILE = "board_evidence.json"
 
@@ -129,6 +155,29 @@ def nearest_workload(request: SelectionRequest) -> str:
         return "char-lm"
     kind = request.model_type or ""
     return next((w for name, w in _MODULES.items() if name in kind), "char-lm")
+
+
+def compare_most_used(
+    workload: str, evidence: Sequence[Measurement], skip: Iterable[str] = ()
+) -> list[str]:
+    """The measurement on ``workload`` of each of :data:`MOST_USED`, for comparison.
+
+    Args:
+        workload: the workload the request maps to.
+        evidence: the measurements to cite from.
+        skip: algorithms already cited (a selection's candidates).
+
+    Returns:
+        One line per algorithm not in ``skip``, "not measured" when the board lacks it.
+    """
+    found = {(m.optimizer, m.workload): m for m in evidence}
+    left = [name for name in MOST_USED if name not in set(skip)]
+    return [
+        found[(name, workload)].citation()
+        if (name, workload) in found
+        else f"{name}: not measured on {workload}"
+        for name in left
+    ]
 
 
 def cite(

@@ -24,7 +24,7 @@ from .budget import (
     model_footprint,
     parse_memory_budget,
 )
-from .evidence import Measurement, cite, load_evidence, nearest_workload
+from .evidence import Measurement, cite, compare_most_used, load_evidence, nearest_workload
 from .model_config import (
     config_mapping,
     estimate_parameters,
@@ -443,7 +443,9 @@ class AutoOptimizer:
         tabular classification to ``logistic``); a candidate measured there
         cites the measurement (``"normuon: 0.83x adamw's steps to target on
         char-lm, p = 0.003 (steps), 5 seeds"``), one that is not keeps its
-        rule's literature source.
+        rule's literature source. Then, for comparison, the measurements
+        there of the ten most-used algorithms (``optiplug._auto.evidence.MOST_USED``)
+        that are not candidates.
 
         Args:
             selection: what :meth:`for_task` or :meth:`for_model` returned.
@@ -463,4 +465,6 @@ class AutoOptimizer:
         return [
             f"evidence (leaderboard, nearest workload {workload}):",
             *cite(pairs, workload, found),
+            f"for comparison, the most-used algorithms on {workload}:",
+            *compare_most_used(workload, found, skip=[name for name, _ in pairs]),
         ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
@@ -29,7 +30,7 @@ from .._core.registry import Registry
 from ..errors import HyperparameterError
 from .results import ResultsFile, key_of, machine, read_records
 from .summary import BASELINE, Row, robustness, rows_of
-from .targets import load_targets
+from .targets import load_targets, load_tuned_lrs
 from .workloads import WORKLOADS, Workload, workload
 
 __all__ = ["TIERS", "Board", "leaderboard", "plan_ranked", "plan_smoke", "published_records"]
@@ -38,6 +39,7 @@ TIERS = ("smoke", "ranked")
 _PUBLISHED = "published.jsonl"
 _SMOKE_SEED = 0
 _DEFAULT_LR = 1e-3  # for an entry whose lr has no default
+_MARKS = ("start", "interrupted")
 
 
 @attrs.frozen
@@ -109,9 +111,24 @@ def lr_grid(name: str, registry: Registry, count: int) -> list[float | None]:
 def plan_smoke(
     names: Sequence[str], workloads: Sequence[str], registry: Registry, lrs: int = 3
 ) -> list[tuple[str, str, float | None, int]]:
-    """The smoke tier's run keys: every name, workload and lr of its grid, on seed 0."""
+    """The smoke tier's run keys: every name, workload and lr of its grid, on seed 0.
+
+    AdamW, the baseline, also runs at the lr its targets were derived with
+    (``targets.json``), so the baseline row is lr-tuned AdamW, as in AlgoPerf.
+    """
     grids = {name: lr_grid(name, registry, lrs) for name in names}
-    return [(n, w, lr, _SMOKE_SEED) for n in names for w in workloads for lr in grids[n]]
+    tuned = load_tuned_lrs()
+    return [
+        (n, w, lr, _SMOKE_SEED)
+        for n in names
+        for w in workloads
+        for lr in _with_tuned(grids[n], tuned.get(w) if n == BASELINE else None)
+    ]
+
+
+def _with_tuned(grid: list[float | None], tuned: float | None) -> list[float | None]:
+    """``grid``, then ``tuned`` when it is not already in it."""
+    return grid if tuned is None or tuned in grid else [*grid, tuned]
 
 
 def plan_ranked(
@@ -200,12 +217,7 @@ def _execute(
 ) -> None:
     targets = load_targets()
     if jobs == 1:
-        from .runner import RunKey, run_one  # deferred: imports torch
-
-        for key in keys:
-            record = run_one(RunKey(*key), specs[key[1]], targets.get(key[1]), registry)
-            out.append(record)
-            progress.update(record)
+        _run_in_process(keys, specs, targets, out, progress, registry)
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(_work, key, specs[key[1]], targets.get(key[1])) for key in keys]
@@ -217,6 +229,75 @@ def _execute(
             for future in futures:
                 future.cancel()
             raise
+
+
+def _run_in_process(
+    keys: Sequence[tuple[str, str, float | None, int]],
+    specs: Mapping[str, Workload],
+    targets: Mapping[str, float],
+    out: ResultsFile,
+    progress: _Progress,
+    registry: Registry,
+) -> None:
+    """Run ``keys`` one by one, each between a ``start`` marker and its record."""
+    from .runner import RunKey, run_one  # deferred: imports torch
+
+    ended = deaths(out.records)
+    for key in keys:
+        marker = _as_record(key)
+        record = _died(key, specs[key[1]], targets.get(key[1]), ended[key_of(marker)])
+        if record is None:
+            out.append({"kind": "start", **marker})
+            try:
+                record = run_one(RunKey(*key), specs[key[1]], targets.get(key[1]), registry)
+            except KeyboardInterrupt:
+                out.append({"kind": "interrupted", **marker})
+                raise
+        out.append(record)
+        progress.update(record)
+
+
+MAX_DEATHS = 2
+"""A run whose process ended this many times during it is recorded ``failed``, not retried."""
+
+
+def deaths(records: Iterable[Mapping[str, Any]]) -> Counter[tuple[str, str, float | None, int]]:
+    """Per key: how many of its runs started and ended with their process, before a record."""
+    count: Counter[tuple[str, str, float | None, int]] = Counter()
+    for record in records:
+        kind = record.get("kind")
+        if kind in _MARKS:
+            count[key_of(record)] += 1 if kind == "start" else -1
+        elif kind == "run":
+            count.pop(key_of(record), None)
+    return count
+
+
+def _died(
+    key: tuple[str, str, float | None, int], spec: Workload, target: float | None, deaths: int
+) -> dict[str, Any] | None:
+    """The ``failed`` record of a run that ended its process :data:`MAX_DEATHS` times, else None.
+
+    A run that brings the interpreter down (a crash in native code, the
+    out-of-memory killer) would otherwise stop every resumed board at the
+    same place; one death is taken for an outside kill and retried.
+    """
+    if deaths < MAX_DEATHS:
+        return None
+    return {
+        "kind": "run",
+        **_as_record(key),
+        "status": "failed",
+        "reason": f"the process ended during this run {deaths} times (a crash or a kill)",
+        "final_metric": None,
+        "steps_to_target": None,
+        "seconds_to_target": None,
+        "target": target,
+        "budget": spec.steps,
+        "curve": [],
+        "curve_seconds": [],
+        "seconds": 0.0,
+    }
 
 
 def leaderboard(

@@ -3,9 +3,12 @@
 Each line is one record written with a single ``write`` of the whole line,
 then flushed and ``fsync``-ed, so a run killed at any moment leaves every
 earlier record intact and at most a torn last line, which :func:`read_records`
-ignores (and the next run truncates before appending). Two kinds of record:
-``header`` (one per invocation: machine, versions, seeds, tier) and ``run``
-(one per optimizer, workload, lr and seed).
+ignores (and the next run truncates before appending). Four kinds of record:
+``header`` (one per invocation: machine, versions, seeds, tier), ``run``
+(one per optimizer, workload, lr and seed), and the markers a run in the
+leaderboard's own process writes around itself: ``start`` before it, and
+``interrupted`` when Ctrl-C stops it (a ``start`` with neither a record nor
+``interrupted`` after it is a run whose process died).
 
 Importing this module does not import torch.
 """

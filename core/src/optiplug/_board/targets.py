@@ -21,12 +21,18 @@ from typing import Any
 
 from .._core.registry import Registry
 
-__all__ = ["SWEEP", "TARGET_SEEDS", "derive", "load_targets"]
+__all__ = ["SWEEP", "TARGET_SEEDS", "derive", "load_targets", "load_tuned_lrs"]
 
 SWEEP = tuple(10.0 ** (e / 2) for e in range(-8, -1))
 """AdamW's learning rates, 1e-4 to 1e-1 in half decades."""
 TARGET_SEEDS = (0, 1, 2)
 _FILE = "targets.json"
+
+
+def _stored() -> dict[str, dict[str, Any]]:
+    text = resources.files(__package__).joinpath(_FILE).read_text(encoding="utf-8")
+    workloads: dict[str, dict[str, Any]] = json.loads(text)["workloads"]
+    return workloads
 
 
 def load_targets() -> dict[str, float]:
@@ -35,8 +41,16 @@ def load_targets() -> dict[str, float]:
     Returns:
         ``{workload: target}``.
     """
-    text = resources.files(__package__).joinpath(_FILE).read_text(encoding="utf-8")
-    return {name: float(entry["target"]) for name, entry in json.loads(text)["workloads"].items()}
+    return {name: float(entry["target"]) for name, entry in _stored().items()}
+
+
+def load_tuned_lrs() -> dict[str, float]:
+    """The lr tuned AdamW reached each workload's target with (the board's baseline lr).
+
+    Returns:
+        ``{workload: lr}``.
+    """
+    return {name: float(entry["lr"]) for name, entry in _stored().items()}
 
 
 def _final(record: Mapping[str, Any]) -> float:
