@@ -87,3 +87,9 @@ def test_every_page_is_built(site: Path) -> None:
         relative = page.relative_to(docs).with_suffix("")
         built = site / ("index.html" if relative.name == "index" else relative / "index.html")
         assert built.is_file(), f"{page.relative_to(ROOT)} was not built"
+
+
+def test_leaderboard_tables_are_sortable(site: Path) -> None:
+    html = (site / "leaderboard" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../js/sort-tables.js"' in html  # the script that sorts a table by its headings
+    assert (site / "js" / "sort-tables.js").is_file()

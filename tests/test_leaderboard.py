@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import optiplug
-from optiplug._board.results import ResultsFile, key_of, read_records
 from optiplug._auto.evidence import MOST_USED, load_evidence
-from optiplug._board.targets import load_tuned_lrs
+from optiplug._board.results import ResultsFile, key_of, read_records
 from optiplug._board.summary import rows_of
+from optiplug._board.targets import load_tuned_lrs
 from optiplug._train.stats import mean_interval, welch
 
 pytest.importorskip("sklearn")
@@ -95,8 +95,9 @@ def test_a_run_that_killed_its_process_twice_is_recorded_failed(tmp_path: Path) 
     kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 2, "stream": None}
     optiplug.leaderboard(results=results, **kwargs)
     runs = {r["lr"]: r for r in read_records(results) if r["kind"] == "run"}
-    assert runs[1e-4]["status"] == "failed" and "ended during this run 2 times" in (
-        runs[1e-4]["reason"]
+    assert (
+        runs[1e-4]["status"] == "failed"
+        and "ended during this run 2 times" in (runs[1e-4]["reason"])
     )
     assert runs[1e-4]["curve"] == [] and runs[1e-3]["status"] != "failed"  # the other one ran
 
