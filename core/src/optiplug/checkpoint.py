@@ -350,15 +350,19 @@ def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadR
             fit ``optimizer``; the optimizer is unchanged.
     """
     registry = registry_of(optimizer)
-    state_dict, own, refused = _refusal(stored, optimizer, registry)
-    if strict and refused:
+    state_dict, own = _examine(stored, registry)
+    own = [*_algorithm_problems(stored.metadata, spec_of(optimizer, registry)), *own]
+    try:  # validated once: load_state_dict refuses with ``own`` counted among its problems
+        problems = load_state_dict(
+            optimizer, state_dict, strict=strict, registry=registry, extra_problems=own
+        )
+    except StateDictError as error:
+        if not strict:
+            raise
         spec = spec_of(optimizer, registry)
         where = "holds invalid state (as optiplug check reports)" if own else "does not fit"
         header = f"{stored.path} {where} {spec.name}; nothing was changed"
-        raise StateDictError(refused, header=header)
-    problems = load_state_dict(
-        optimizer, state_dict, strict=strict, registry=registry, extra_problems=own
-    )
+        raise StateDictError(sorted(set(error.problems)), header=header) from None
     info = _info(stored.path, stored.metadata, stored.tensors)
     return LoadResult(info, tuple(sorted(set(problems))), extra_tensors(stored))
 
