@@ -350,8 +350,8 @@ def load_stored(stored: Stored, optimizer: Any, *, strict: bool = True) -> LoadR
             fit ``optimizer``; the optimizer is unchanged.
     """
     registry = registry_of(optimizer)
-    state_dict, own = _examine(stored, registry)
-    own = [*_algorithm_problems(stored.metadata, spec_of(optimizer, registry)), *own]
+    state_dict, recorded = _examine(stored, registry)
+    own = [*_algorithm_problems(stored.metadata, spec_of(optimizer, registry)), *recorded]
     try:  # validated once: load_state_dict refuses with ``own`` counted among its problems
         problems = load_state_dict(
             optimizer, state_dict, strict=strict, registry=registry, extra_problems=own
