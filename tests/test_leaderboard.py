@@ -15,9 +15,11 @@ import pytest
 
 import optiplug
 from optiplug._auto.evidence import MOST_USED, load_evidence
+from optiplug._board.board import published_records
 from optiplug._board.results import ResultsFile, key_of, read_records
 from optiplug._board.summary import rows_of
 from optiplug._board.targets import load_tuned_lrs
+from optiplug._board.workloads import WORKLOADS
 from optiplug._train.stats import mean_interval, welch
 
 pytest.importorskip("sklearn")
@@ -209,6 +211,34 @@ def test_explain_cites_the_published_board_for_the_most_used(task: str, workload
     for name in MOST_USED:
         measured = published[(name, workload)]  # every one of them is on the committed board
         assert measured.citation() in text
+
+
+def test_every_installed_entry_has_a_row_on_every_workload_of_the_published_board() -> None:
+    rows = rows_of(published_records())
+    placed = {(row.optimizer, row.workload) for row in rows}
+    registry = optiplug.default_registry()
+    missing = [
+        (name, workload)
+        for name in registry.optimizers()
+        for workload in WORKLOADS
+        if (name, workload) not in placed
+    ]
+    assert not missing, f"{len(missing)} rows missing from the published board: {missing[:8]}"
+    failed = [row for row in rows if row.status == "failed"]
+    assert all(row.reason for row in failed), [row.optimizer for row in failed if not row.reason]
+    installed = set(registry.optimizers())
+    stale = sorted({row.optimizer for row in rows} - installed)
+    assert not stale, f"published rows under names the catalogue no longer has: {stale}"
+
+
+def test_the_ranked_tier_covers_twenty_entries_with_five_seeds() -> None:
+    rows = rows_of(published_records())
+    seeded = {row.optimizer for row in rows if len(row.seeds) >= 5}
+    assert len(seeded - set(MOST_USED)) >= 20, sorted(seeded)
+    assert set(MOST_USED) <= seeded, sorted(set(MOST_USED) - seeded)
+    for row in rows:
+        if row.optimizer in seeded and row.steps is not None and row.steps.n >= 2:
+            assert math.isfinite(row.steps.half_width)  # an interval, not a single run
 
 
 def test_the_page_matches_the_results_file() -> None:
