@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 import optiplug
@@ -252,3 +254,47 @@ def test_the_page_matches_the_results_file() -> None:
     for row in rows_of(records):
         assert leaderboard_page.row_line(row) in page, row
     assert f"{sum(r['kind'] == 'run' for r in records):,} runs" in page
+
+
+def _sleepy_registry(sleeps: dict[int, float]) -> optiplug.Registry:
+    """A registry whose only optimizer, ``sleepy``, is SGD sleeping ``sleeps[n]`` at step n."""
+    import types
+
+    import torch
+
+    class Sleepy(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:
+            self.count = getattr(self, "count", 0) + 1
+            time.sleep(sleeps.get(self.count, 0.0))
+            return super().step(closure)
+
+    module = types.ModuleType("sleepy_plugin")
+    spec = optiplug.OptimizerSpec("sleepy", Sleepy, defaults={"lr": 0.1})
+    module.optiplug_optimizers = optiplug.hookimpl(lambda: [spec])  # type: ignore[attr-defined]
+    registry = optiplug.Registry(autoload=False, strict=False)
+    registry.register(module, "sleepy", distribution="optiplug-sleepy", version="1.0")
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("sleeps", "stopped_at"),
+    [
+        ({1: 0.3, 2: 0.3}, None),  # a slow warm-up (a compilation) is not held against the run
+        ({3: 0.3}, 3),  # a slow step after it is
+    ],
+)
+def test_the_time_cap_leaves_the_warm_up_steps_out(
+    monkeypatch: pytest.MonkeyPatch, sleeps: dict[int, float], stopped_at: int | None
+) -> None:
+    from optiplug._board import runner
+    from optiplug._board.workloads import workload
+
+    monkeypatch.setattr(runner, "MAX_SECONDS", 0.2)
+    spec = attrs.evolve(workload("logistic"), steps=6, eval_every=3)
+    key = runner.RunKey("sleepy", "logistic", 0.1, 0)
+    record = runner.run_one(key, spec, None, _sleepy_registry(sleeps))
+    if stopped_at is None:
+        assert record["reason"] == "" and record["curve"][-1][0] == 6
+        assert record["curve_seconds"][-1] > 0.6  # the time still counts the warm-up
+    else:
+        assert record["reason"].startswith(f"stopped at step {stopped_at}: over 0.2 s")
