@@ -22,7 +22,7 @@ from test_integration_transformers import Tokens, arguments, tiny_gpt2
 from transformers import Trainer, get_scheduler
 
 import optiplug
-from optiplug.errors import HyperparameterError, StateDictError
+from optiplug.errors import HyperparameterError, StateDictError, UnknownOptimizerError
 from optiplug.integrations.layerwise import LayerwiseOptimizer, layerwise
 from optiplug.integrations.transformers import (
     TrainerOptimizer,
@@ -70,6 +70,13 @@ def test_layerwise_names_are_served_by_their_base_names_routes() -> None:
             assert table[base_name].reason in entry.reason, optim
 
 
+def test_a_registry_without_the_base_plugin_names_the_distribution(tmp_path: Path) -> None:
+    bare = optiplug.Registry(strict=False, disabled={"pytorch_optimizer"})
+    assert not hf_optimizers(bare)[GALORE].routes
+    with pytest.raises(UnknownOptimizerError, match="install optiplug-pytorch-optimizer"):
+        from_training_args(arguments(tmp_path, optim=GALORE), registry=bare)
+
+
 def test_the_trainer_optimizer_is_one_optimizer_per_trainable_parameter(tmp_path: Path) -> None:
     model = tiny_gpt2()
     model.transformer.wpe.weight.requires_grad_(False)  # a frozen parameter gets none
@@ -81,6 +88,10 @@ def test_the_trainer_optimizer_is_one_optimizer_per_trainable_parameter(tmp_path
     for group, inner in zip(optimizer.param_groups, optimizer.optimizers, strict=True):
         assert group is inner.param_groups[0]  # the same dicts: a scheduler reaches them
         assert type(inner).__name__ == "GaLore"
+    # any algorithm, layer-wise in the Trainer
+    adamw = TrainerOptimizer(optiplug.factory("adamw", lr=1e-3), layerwise=True)()(tiny_gpt2())
+    assert isinstance(adamw, LayerwiseOptimizer)
+    assert {type(inner).__name__ for inner in adamw.optimizers} == {"AdamW"}
 
 
 def test_galore_layerwise_steps_bit_equal_to_transformers_own_layerwise_path(
@@ -242,6 +253,36 @@ def test_a_second_optimizer_over_the_model_takes_its_parameters_over(tmp_path: P
     _backward(model, 1)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # no hook left
     assert all(p.grad is not None for p in model.parameters())  # plain accumulation again
+
+
+def test_two_trainers_over_one_model_step_it_once_and_leak_nothing(tmp_path: Path) -> None:
+    """The Trainer's own linear warm-up reaches every group; a second Trainer takes over."""
+    import weakref
+
+    def trainer(output_dir: Path, model: torch.nn.Module) -> Trainer:
+        args = arguments(output_dir, optim=GALORE, max_grad_norm=0.0, warmup_steps=4)
+        args.max_steps, args.save_strategy = 2, "no"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the route's caveat
+            recipe = from_training_args(args)
+        return Trainer(
+            model=model, args=args, train_dataset=Tokens(), optimizer_cls_and_kwargs=recipe
+        )
+
+    model = tiny_gpt2()
+    first = trainer(tmp_path / "first", model)
+    first.train()
+    first_optimizer = first.optimizer.optimizer  # type: ignore[union-attr]  # accelerate's wrapper
+    # LambdaLR after 2 steps: the base lr times transformers' warm-up factor step/warmup
+    lrs = {group["lr"] for inner in first_optimizer.optimizers for group in inner.param_groups}
+    assert lrs == {1e-3 * (2 / 4)}
+    second = trainer(tmp_path / "second", model)
+    second.create_optimizer()
+    assert not first_optimizer.attached and second.optimizer.attached  # type: ignore[union-attr]
+    gone = weakref.ref(first_optimizer)
+    del first, first_optimizer
+    gc.collect()
+    assert gone() is None  # nothing (no hook, no table) keeps a discarded one alive
 
 
 @pytest.mark.parametrize(

@@ -93,11 +93,13 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                 parameter that requires grad, no two the same.
 
         Raises:
-            HyperparameterError: an optimizer holds no parameter or several,
+            HyperparameterError: no optimizer, one holding no parameter or several,
                 one that does not require grad, or one another also holds;
                 nothing is hooked.
         """
         self.optimizers = tuple(optimizers)
+        if not self.optimizers:
+            raise HyperparameterError("optimizers", 0, "a layer-wise optimizer needs one")
         params = [_sole_parameter(index, opt) for index, opt in enumerate(self.optimizers)]
         if len({id(p) for p in params}) != len(params):
             raise HyperparameterError("optimizers", len(params), "two hold the same parameter")
