@@ -8,6 +8,7 @@ fire in changes nothing.
 
 from __future__ import annotations
 
+import copy as copy_module
 import gc
 import warnings
 from pathlib import Path
@@ -68,6 +69,29 @@ def test_layerwise_names_are_served_by_their_base_names_routes() -> None:
         if optim.endswith("_layerwise") and not entry.routes:
             assert entry.reason.startswith(f"its base {base_name} is not served: "), optim
             assert table[base_name].reason in entry.reason, optim
+
+
+def test_a_plugin_declaring_a_base_name_serves_its_layerwise_name_too() -> None:
+    """A new plugin declaring galore_adamw_8bit (unserved here) serves its layer-wise name."""
+    import types
+
+    module = types.ModuleType("declares_galore")
+
+    @optiplug.hookimpl
+    def optiplug_optimizers() -> list[optiplug.OptimizerSpec]:
+        hf = ("galore_adamw_8bit", optiplug.HFName("apollo_adamw_layerwise"))
+        return [optiplug.OptimizerSpec(name="lowrank", factory=torch.optim.AdamW, hf_names=hf)]
+
+    module.optiplug_optimizers = optiplug_optimizers  # type: ignore[attr-defined]
+    registry = optiplug.Registry(autoload=False)
+    registry.register(module, "declares")
+    table = hf_optimizers(registry)
+    assert [(r.name, r.layerwise) for r in table["galore_adamw_8bit"].routes] == [
+        ("lowrank", False)
+    ]
+    for optim in ("galore_adamw_8bit_layerwise", "apollo_adamw_layerwise"):  # declared, too
+        assert [(r.name, r.layerwise) for r in table[optim].routes] == [("lowrank", True)]
+    assert not table["galore_adafactor_layerwise"].routes
 
 
 def test_a_registry_without_the_base_plugin_names_the_distribution(tmp_path: Path) -> None:
@@ -197,6 +221,9 @@ def test_save_then_load_restores_every_per_parameter_state(tmp_path: Path) -> No
     path = tmp_path / "optimizer.pt"
     torch.save(optimizer.state_dict(), path)
     saved = torch.load(path, weights_only=True)  # what the Trainer's resume reads
+    assert optiplug.validate_state_dict(optimizer, saved) == []
+    with pytest.raises(TypeError, match="state_dict"):
+        copy_module.deepcopy(optimizer)  # a copy would have no hooks: refused
     assert len(saved["state"]) == len(saved["param_groups"]) == len(optimizer.optimizers)
     copy.load_state_dict(model.state_dict())
     fresh = _build(GALORE, tmp_path, copy)
@@ -255,7 +282,7 @@ def test_a_second_optimizer_over_the_model_takes_its_parameters_over(tmp_path: P
     assert all(p.grad is not None for p in model.parameters())  # plain accumulation again
 
 
-def test_two_trainers_over_one_model_step_it_once_and_leak_nothing(tmp_path: Path) -> None:
+def test_a_second_trainer_over_one_model_takes_it_over_and_nothing_leaks(tmp_path: Path) -> None:
     """The Trainer's own linear warm-up reaches every group; a second Trainer takes over."""
     import weakref
 
@@ -290,6 +317,7 @@ def test_two_trainers_over_one_model_step_it_once_and_leak_nothing(tmp_path: Pat
     [
         ("gradient_accumulation_steps", 2),
         ("fp16", True),
+        ("fsdp", True),
     ],
 )
 def test_what_layerwise_cannot_serve_is_refused(field: str, value: Any, tmp_path: Path) -> None:

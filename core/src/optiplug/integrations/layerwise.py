@@ -25,7 +25,8 @@ A parameter is driven by one layer-wise optimizer at a time: making another
 over a parameter detaches the earlier optimizer (removes all its hooks, so
 two Trainers built over one model do not step it twice), as does
 :meth:`LayerwiseOptimizer.detach`; the hooks also go when the optimizer is
-garbage collected.
+garbage collected. It is neither copied nor pickled (a copy would have no
+hooks): save its state dict and load it into one made over the copy.
 
 Gradient accumulation cannot be served: each backward steps every
 parameter. Neither can a gradient scaler nor clipping by the global norm,
@@ -124,6 +125,17 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
     def detach(self) -> None:
         """Remove every hook: the backward no longer steps; the state stays (to save or load)."""
         _remove(self._handles)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refuse to be copied or pickled: the hooks are on the model's own parameters.
+
+        Raises:
+            TypeError: always; save :meth:`state_dict` and load it into a new one.
+        """
+        raise TypeError(
+            "a LayerwiseOptimizer is not copied or pickled (its hooks are on the model's "
+            "parameters): save its state_dict() and load it into one made over the copy"
+        )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Share a per-parameter optimizer's group dict (construction only).
