@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -239,6 +241,38 @@ def test_save_then_load_restores_every_per_parameter_state(tmp_path: Path) -> No
         _backward(model, step)
         _backward(copy, step)
     _assert_same_parameters(copy, model)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=3), min_size=1, max_size=5))
+def test_the_state_dict_numbers_every_parameter_and_round_trips(shapes: list[list[int]]) -> None:
+    """Any parameter shapes: ids 0..n-1, one group each; loaded, a copy steps bit-equal."""
+    generator = torch.Generator().manual_seed(len(shapes))
+    values = [torch.randn(shape, generator=generator) for shape in shapes]
+    weights = [torch.randn(shape, generator=generator) for shape in shapes]
+
+    def made() -> tuple[list[torch.nn.Parameter], LayerwiseOptimizer]:
+        params = [torch.nn.Parameter(value.clone()) for value in values]
+        named = [(f"p{index}", param) for index, param in enumerate(params)]
+        create = lambda groups: optiplug.create("adamw", groups, lr=1e-2)  # noqa: E731
+        return params, layerwise(create, named)
+
+    def backward(params: list[torch.nn.Parameter]) -> None:
+        pairs = zip(params, weights, strict=True)
+        torch.stack([(p * w).sin().sum() for p, w in pairs]).sum().backward()
+
+    params, optimizer = made()
+    backward(params)
+    saved = optimizer.state_dict()
+    assert sorted(saved["state"]) == list(range(len(shapes)))
+    assert [group["params"] for group in saved["param_groups"]] == [[i] for i in range(len(shapes))]
+    copies, loaded = made()
+    for copy, param in zip(copies, params, strict=True):
+        copy.data.copy_(param.data)
+    loaded.load_state_dict(saved)
+    backward(params)
+    backward(copies)
+    assert all(torch.equal(c, p) for c, p in zip(copies, params, strict=True))
 
 
 def test_a_bad_state_dict_loads_nothing(tmp_path: Path) -> None:
