@@ -50,6 +50,7 @@ EXPECTED = {
     "api/integrations_transformers/index.html": [
         "optiplug.integrations.transformers.optimizer_cls_and_kwargs"
     ],
+    "api/integrations_layerwise/index.html": ["optiplug.integrations.layerwise.LayerwiseOptimizer"],
 }
 
 

@@ -358,7 +358,6 @@ def test_apollo_and_grokadamw_say_why_they_are_not_served() -> None:
         ("apollo_adamw", "APOLLOAdamW"),
         ("apollo_adamw_layerwise", "APOLLOAdamW"),
         ("grokadamw", "GrokFastAdamW"),
-        ("galore_adamw_layerwise", "LayerWiseDummyOptimizer"),
     ):
         entry = HF_OPTIMIZERS[optim]
         assert not entry.routes and named in entry.reason, (optim, entry.reason)

@@ -5,6 +5,9 @@ optiplug`` imports none of them, nor the framework):
 
 * :mod:`optiplug.integrations.transformers`: optiplug optimizers in the
   Hugging Face ``Trainer`` (``optimizer_cls_and_kwargs=``, ``TrainingArguments.optim``).
+* :mod:`optiplug.integrations.layerwise`: one optimizer per parameter,
+  stepped from its gradient hook, scheduled and checkpointed as one
+  (the Trainer's ``*_layerwise`` names).
 * :mod:`optiplug.integrations.lightning`: :class:`ScheduleFreeMode`, a
   callback keeping a schedule-free optimizer in train mode for training
   steps and in eval mode for validation, test, predict and checkpoints.

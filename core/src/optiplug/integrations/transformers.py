@@ -44,13 +44,14 @@ import attrs
 import torch
 from torch import nn
 from transformers import TrainingArguments
-from transformers.training_args import OptimizerNames
+from transformers.training_args import OptimizerNames, ParallelMode
 
 from .. import _api
 from .._core.create import OptimizerFactory
 from .._core.record import record_of
 from .._core.registry import Registry
 from ..errors import HyperparameterError, UnknownOptimizerError
+from .layerwise import layerwise
 
 __all__ = [
     "HF_OPTIMIZERS",
@@ -80,12 +81,16 @@ class HFRoute:
             (said in a warning when this route is taken); "" when it is the same.
         adam_arguments: whether the Trainer's Adam settings are passed (see
             :attr:`optiplug.HFName.adam_arguments`).
+        layerwise: whether it steps one optimizer per parameter from its
+            gradient hook (a ``*_layerwise`` name, served by its base name's
+            routes: :class:`~optiplug.integrations.layerwise.LayerwiseOptimizer`).
     """
 
     name: str
     impl: str | None = None
     caveat: str = ""
     adam_arguments: bool = True
+    layerwise: bool = False
 
 
 @attrs.frozen
@@ -108,11 +113,6 @@ class HFOptim:
 _UNSERVABLE = (
     ("_xla", "it runs on XLA devices; optiplug runs on CPUs and CUDA"),
     ("_npu_", "it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
-    ("_layerwise", "transformers steps one optimizer per parameter in a post-accumulate-grad "
-     "hook and hands the Trainer a dummy optimizer and scheduler (LayerWiseDummyOptimizer, "
-     "LayerWiseDummyScheduler), whose checkpoint holds none of the per-parameter states: a "
-     "resumed run would restart them, which optiplug's checkpoint rule (what save writes, load "
-     "restores) forbids"),
 )  # fmt: skip
 """``(part, reason)``: why no plugin can serve a transformers name holding ``part``."""
 
@@ -124,13 +124,15 @@ _APOLLO_DIFFERS = (
 
 _NOT_SERVED = {
     "apollo_adamw": _APOLLO_DIFFERS,
-    "apollo_adamw_layerwise": f"its base apollo_adamw is not served: {_APOLLO_DIFFERS}",
     "grokadamw": "transformers builds the grokadamw package's GrokAdamW, which no installed "
     "library provides (pytorch_optimizer's GrokFastAdamW is a different algorithm)",
 }
 """Why no installed plugin can serve these transformers names faithfully."""
 
 _UNDECLARED = "no plugin installed here declares it"
+
+_LAYERWISE = "_layerwise"
+"""The suffix of a name transformers steps layer-wise; what it ends is the base name."""
 
 
 def hf_optimizers(registry: Registry | None = None) -> dict[str, HFOptim]:
@@ -139,16 +141,22 @@ def hf_optimizers(registry: Registry | None = None) -> dict[str, HFOptim]:
     A name is served by the algorithms whose specs declare it
     (:attr:`optiplug.OptimizerSpec.hf_names`), the highest priority first;
     a route with a caveat (32-bit state for a bitsandbytes name, no paging)
-    warns when taken. ``served_by`` names the distributions of the default
-    registry that declare it (what to install into another registry); a
-    name none declares says why.
+    warns when taken. An ``X_layerwise`` name is served by ``X``'s routes
+    unless a spec declares it, stepped layer-wise either way
+    (:attr:`HFRoute.layerwise`). ``served_by`` names the distributions of
+    the default registry that declare it (what to install into another
+    registry); a name none declares says why.
 
     Args:
         registry: the registry to read; the default registry when None.
     """
     found = registry if registry is not None else _api.default_registry()
-    routes = _declared_routes(found)
-    served = _declared_routes(_api.default_registry()) if registry is not None else routes
+    routes = _with_layerwise(_declared_routes(found))
+    served = (
+        _with_layerwise(_declared_routes(_api.default_registry()))
+        if registry is not None
+        else routes
+    )
     return {
         optim: HFOptim(
             routes=tuple(route for *_, route in sorted(routes.get(optim, []), key=_rank)),
@@ -175,6 +183,18 @@ def _declared_routes(registry: Registry) -> dict[str, list[tuple[int, str, HFRou
     return found
 
 
+def _with_layerwise(
+    routes: dict[str, list[tuple[int, str, HFRoute]]],
+) -> dict[str, list[tuple[int, str, HFRoute]]]:
+    """``routes`` with every ``X_layerwise`` name layer-wise: its own routes, else ``X``'s."""
+    added = dict(routes)
+    for optim in dict.fromkeys([*(str(name.value) for name in OptimizerNames), *routes]):
+        declared = routes.get(optim) or routes.get(optim.removesuffix(_LAYERWISE), [])
+        if optim.endswith(_LAYERWISE) and declared:
+            added[optim] = [(rank, by, attrs.evolve(r, layerwise=True)) for rank, by, r in declared]
+    return added
+
+
 def _rank(item: tuple[int, str, HFRoute]) -> tuple[int, str]:
     """Higher priority first, then by distribution."""
     return item[0], item[1]
@@ -182,6 +202,9 @@ def _rank(item: tuple[int, str, HFRoute]) -> tuple[int, str]:
 
 def _unserved_reason(optim: str) -> str:
     """Why no algorithm serves ``optim``."""
+    if optim.endswith(_LAYERWISE):
+        base = optim.removesuffix(_LAYERWISE)
+        return f"its base {base} is not served: {_unserved_reason(base)}"
     if optim in _NOT_SERVED:
         return _NOT_SERVED[optim]
     return next((why for part, why in _UNSERVABLE if part in optim), _UNDECLARED)
@@ -274,9 +297,12 @@ class TrainerOptimizer:
     Attributes:
         factory: the recipe: algorithm, hyperparameters, forced
             implementation, provider and registry.
+        layerwise: build one optimizer per parameter, stepped from its
+            gradient hook (:class:`~optiplug.integrations.layerwise.LayerwiseOptimizer`).
     """
 
     factory: OptimizerFactory
+    layerwise: bool = False
 
     def __call__(self) -> Callable[..., torch.optim.Optimizer]:
         """Return :meth:`build` (the Trainer instantiates "the class" first)."""
@@ -288,7 +314,8 @@ class TrainerOptimizer:
         Parameters are passed as ``(name, tensor)`` pairs, in two param
         groups when a ``weight_decay`` applies (the Trainer's decay
         parameters with it, the rest with 0.0); the algorithm also gets
-        ``model=`` when it takes that hyperparameter (``muon``).
+        ``model=`` when it takes that hyperparameter (``muon``). Layer-wise,
+        each parameter gets an optimizer of its own over its group's settings.
 
         Args:
             model: the module being trained.
@@ -315,6 +342,14 @@ class TrainerOptimizer:
                 {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
             ]
             params = [group for group in params if group["params"]]
+        if self.layerwise:
+            chosen = registry
+            return layerwise(
+                lambda group: chosen.create(
+                    recipe.name, group, impl=recipe.impl, provider=recipe.provider, **merged
+                ),
+                params,
+            )
         optimizer = registry.create(
             recipe.name, params, impl=recipe.impl, provider=recipe.provider, **merged
         )
@@ -546,17 +581,20 @@ def from_training_args(
 
     Raises:
         UnknownOptimizerError: ``args.optim`` has no optiplug counterpart
-            (GaLore's layer-wise names...), with the names that do.
+            (``grokadamw``, a layer-wise name whose base is not served...),
+            with the names that do.
         HyperparameterError: ``args.optim_args`` is set for a name other than
             ``adamw_anyprecision`` (give the keywords as ``overrides`` instead)
-            or asks for what optiplug cannot compute, or a bad hyperparameter.
+            or asks for what optiplug cannot compute, or a bad hyperparameter;
+            for a layer-wise name, gradient accumulation, DDP, fp16, FSDP or DeepSpeed.
     """
     optim = str(getattr(args.optim, "value", args.optim))
     read, read_caveat = _read_optim_args(optim, args.optim_args)
     found = registry if registry is not None else _api.default_registry()
     route = _route(optim, found)
     name, impl = route.name, route.impl
-    caveat = "; ".join(note for note in (route.caveat, read_caveat) if note)
+    steps = _layerwise_caveat(args) if route.layerwise else ""
+    caveat = "; ".join(note for note in (route.caveat, read_caveat, steps) if note)
     if caveat:
         warnings.warn(f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=2)
     offered = {
@@ -574,4 +612,34 @@ def from_training_args(
     if betas is not None and isinstance(betas.default, tuple) and len(betas.default) != 2:
         hparams.pop("betas", None)  # AdEMAMix's three betas: the Trainer's two do not fit
     merged = {**hparams, **read, **overrides}
-    return optimizer_cls_and_kwargs(name, impl=impl, registry=found, **merged)
+    recipe, kwargs = optimizer_cls_and_kwargs(name, impl=impl, registry=found, **merged)
+    return attrs.evolve(recipe, layerwise=route.layerwise), kwargs
+
+
+def _layerwise_caveat(args: TrainingArguments) -> str:
+    """What a layer-wise run under ``args`` does differently (gradient clipping), or "".
+
+    Raises:
+        HyperparameterError: what transformers' layer-wise path refuses too
+            (gradient accumulation, DDP), or what would step on gradients
+            not yet final (fp16's gradient scaler, FSDP's flattened shards, DeepSpeed).
+    """
+    accumulation, mode = args.gradient_accumulation_steps, args.parallel_mode
+    refused = (
+        ("gradient_accumulation_steps", accumulation, accumulation != 1,
+         "each backward steps every parameter; accumulation needs 1"),
+        ("parallel_mode", mode.value, mode == ParallelMode.DISTRIBUTED,
+         "DDP averages gradients after the hooks have stepped (transformers refuses it too)"),
+        ("fp16", args.fp16, bool(args.fp16), "the gradient scaler unscales after the hooks step"),
+        ("fsdp", args.fsdp, bool(args.fsdp), "FSDP steps flat shards, not the hooked parameters"),
+        ("deepspeed", args.deepspeed, bool(args.deepspeed), "DeepSpeed steps its own optimizer"),
+    )  # fmt: skip
+    for field, value, bad, why in refused:
+        if bad:
+            raise HyperparameterError(field, value, f"not with a layer-wise optim: {why}")
+    if args.max_grad_norm:
+        return (
+            f"max_grad_norm={args.max_grad_norm} does not apply: each parameter steps inside "
+            "the backward pass, before the Trainer clips (as transformers' layer-wise path does)"
+        )
+    return ""
