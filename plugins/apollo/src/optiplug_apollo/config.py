@@ -106,4 +106,31 @@ def _check_matrices(algorithm: str, where: str, group: Mapping[str, Any]) -> Non
         if getattr(tensor, "ndim", 2) != 2:
             reason = f"{where} holds {name} of shape {tuple(tensor.shape)}: APOLLO projects matrices"
             raise _refuse(algorithm, "rank", group["rank"], reason)
+        if group["scale_type"] == "channel" and not _channel_fits(group["proj_type"], tensor.shape):
+            rows, cols = tuple(tensor.shape)
+            reason = (
+                f"{where}: scale_type='channel' needs the projection to keep the longer side of "
+                f"{name} ({rows}x{cols}), as proj_type='std' does; use scale_type='tensor'"
+            )
+            raise _refuse(algorithm, "proj_type", group["proj_type"], reason)
+
+
+def projected_side(proj_type: str, rows: int, cols: int) -> str:
+    """Which side of a ``rows x cols`` gradient the projection multiplies ("left" or "right")."""
+    if proj_type in ("left", "right"):
+        return proj_type
+    wide_first = "right" if rows >= cols else "left"  # std
+    if proj_type == "std":
+        return wide_first
+    return "left" if wide_first == "right" else "right"  # reverse_std
+
+
+def _channel_fits(proj_type: str, shape: Any) -> bool:
+    """Whether channel scaling can step: it takes norms over the rows of a wide gradient and
+    the columns of a tall one, so the projection must keep the other side (any side of a square)."""
+    rows, cols = (int(n) for n in shape)
+    if rows == cols or proj_type not in PROJ_TYPES:
+        return True
+    side = projected_side(proj_type, rows, cols)
+    return (side == "left") == (rows < cols)
 
