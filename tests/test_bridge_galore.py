@@ -21,7 +21,7 @@ galore_torch = pytest.importorskip("galore_torch")
 
 import optiplug
 from optiplug import checkpoint
-from optiplug.errors import CheckpointError, HyperparameterError, OptimizerUnavailableError
+from optiplug.errors import CheckpointError, HyperparameterError
 from optiplug_galore.catalog import CATALOG, PROJECTOR_FIELDS
 
 GAP = 2  # the projection is recomputed at steps 0, 2, 4...
@@ -195,17 +195,62 @@ def test_bad_hyperparameters_are_typed_errors(
     assert raised.value.field == field
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPU-only machines")
-def test_the_8bit_class_says_it_needs_cuda() -> None:
-    with pytest.raises(OptimizerUnavailableError, match="needs CUDA"):
-        optiplug.create("galore:galore_adamw_8bit", groups(network()), lr=0.01)
+def eight_bit_network() -> torch.nn.Sequential:
+    """A 64x64 matrix: bitsandbytes keeps 8-bit state from 4096 elements (min_8bit_size)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                               torch.nn.Tanh(), torch.nn.Linear(64, 3))  # fmt: skip
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="GaLoreAdamW8bit steps on CUDA only")
-def test_the_8bit_class_is_bit_equal_to_the_library_on_cuda() -> None:
-    left, right = network().cuda(), network().cuda()
-    mine = optiplug.create("galore:galore_adamw_8bit", groups(left), lr=0.01)
-    theirs = galore_torch.GaLoreAdamW8bit(groups(right), lr=0.01)
-    run(mine, left, 0, 5)
-    run(theirs, right, 0, 5)
+def run_wide(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
+    for step in range(first, first + count):
+        generator = torch.Generator().manual_seed(step)
+        device = next(model.parameters()).device
+        inputs = torch.randn(5, 8, generator=generator).to(device)
+        targets = torch.randn(5, 3, generator=generator).to(device)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+
+
+def eight_bit_groups(model: torch.nn.Sequential) -> list[Any]:
+    projected = {"rank": 4, "update_proj_gap": GAP, "scale": 0.25, "proj_type": "std"}
+    square = model[2].weight
+    return [
+        {"params": [square], **projected},
+        {"params": [p for p in model.parameters() if p is not square]},
+    ]
+
+
+def test_the_8bit_class_without_projection_is_bitsandbytes_adamw8bit() -> None:
+    """No group with a rank: the library's step is bitsandbytes' own 8-bit AdamW (the peer)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    left, right = eight_bit_network(), eight_bit_network()
+    mine = optiplug.create("galore:galore_adamw_8bit", left.parameters(), lr=0.01)
+    theirs = bnb.optim.AdamW8bit(right.parameters(), lr=0.01)
+    run_wide(mine, left, 0, 4)
+    run_wide(theirs, right, 0, 4)
     assert same(left, right)
+    assert mine.state[left[2].weight]["state1"].dtype == torch.uint8  # 8-bit state ran
+
+
+def test_the_8bit_class_is_bit_equal_to_the_library_and_resumes(tmp_path: Path) -> None:
+    """Projected: the library's class itself (where CUDA is absent its step needs the same
+    no-op synchronisation the bridge gives it), and a checkpoint resume."""
+    from optiplug_galore.optimizers import without_cuda_synchronize
+
+    left, right = eight_bit_network(), eight_bit_network()
+    mine = optiplug.create("galore:galore_adamw_8bit", eight_bit_groups(left), lr=0.01)
+    theirs = galore_torch.GaLoreAdamW8bit(eight_bit_groups(right), lr=0.01)
+    run_wide(mine, left, 0, 3)
+    with without_cuda_synchronize():
+        run_wide(theirs, right, 0, 3)
+    assert same(left, right)
+    checkpoint.save(tmp_path / "ckpt", mine)
+    twin = eight_bit_network()
+    twin.load_state_dict(left.state_dict())
+    resumed = optiplug.create("galore:galore_adamw_8bit", eight_bit_groups(twin), lr=0.01)
+    assert checkpoint.load(tmp_path / "ckpt", resumed).problems == ()
+    run_wide(mine, left, 3, 3)
+    run_wide(resumed, twin, 3, 3)
+    assert same(left, twin)

@@ -77,6 +77,7 @@ class Entry:
         description: one paragraph for ``optiplug show``.
         limitation: why it cannot pass optiplug's checks here ("" if it can).
         example_hparams: keywords the conformance checks add.
+        example_shape: the parameter shape the conformance checks use (None: theirs).
     """
 
     name: str
@@ -86,6 +87,7 @@ class Entry:
     description: str
     limitation: str = ""
     example_hparams: dict[str, Any] = attrs.field(factory=dict)
+    example_shape: tuple[int, ...] | None = None
 
     @property
     def target(self) -> str:
@@ -154,6 +156,37 @@ _ADAFACTOR_STATE = (
     ),
     StateSlot("RMS", kind="any", description="root mean square of the parameter"),
 )
+_EIGHT_BIT = (
+    *(
+        StateSlot(
+            f"state{index}",
+            shape="any",
+            dtype="any",
+            description=f"{text}: uint8 codes (8-bit) or float32 (below min_8bit_size elements)",
+        )
+        for index, text in ((1, "first moment"), (2, "second moment"))
+    ),
+    *(
+        StateSlot(
+            f"{kind}{index}",
+            shape="any",
+            dtype="float32",
+            optional=True,
+            constraints=("finite", "non_negative") if kind == "absmax" else ("finite",),
+            description=f"{kind} of state{index} (8-bit state only)",
+        )
+        for kind in ("qmap", "absmax")
+        for index in (1, 2)
+    ),
+    StateSlot(
+        "unorm_vec",
+        shape="any",
+        dtype="float32",
+        optional=True,
+        constraints=("finite", "non_negative"),
+        description="the update norm (bitsandbytes keeps it for every parameter)",
+    ),
+)
 _ADAM = (
     Param("lr", 1e-3, "lr"),
     Param("betas", (0.9, 0.999), "betas"),
@@ -189,11 +222,11 @@ CATALOG: tuple[Entry, ...] = (
             Param("block_wise", True, "bool"),
             Param("is_paged", False, "bool"),
         ),
-        state=(_STEP, *projector_slots()),
+        state=(_STEP, *_EIGHT_BIT, *projector_slots()),
         description="GaLore AdamW with bitsandbytes' 8-bit blockwise state (the class always "
-        f"keeps 8-bit state: its amsgrad and optim_bits keywords are ignored). {_PROJECTED}",
-        limitation="needs CUDA: the library's step calls torch.cuda.synchronize() "
-        "unconditionally, which fails on a CPU-only torch",
+        "keeps 8-bit state for parameters of min_8bit_size elements or more: its amsgrad and "
+        f"optim_bits keywords are ignored). {_PROJECTED}",
+        example_shape=(64, 64),
     ),
     Entry(
         name="galore_adafactor",

@@ -21,7 +21,8 @@ at save with a :class:`~optiplug.errors.CheckpointError`, never written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import galore_torch  # type: ignore[import-untyped]  # galore-torch ships no py.typed
@@ -29,12 +30,12 @@ import torch
 from galore_torch.galore_projector import GaLoreProjector  # type: ignore[import-untyped]
 
 from optiplug.base import ExternalOptimizer, Prepared, external_optimizer
-from optiplug.errors import CheckpointError, OptimizerUnavailableError
+from optiplug.errors import CheckpointError
 
 from .catalog import CATALOG, PROJECTOR_FIELDS, Entry
 from .config import CONFIGS, check_projection_groups
 
-__all__ = ["CLASSES", "restore_projector", "stored_projector"]
+__all__ = ["CLASSES", "restore_projector", "stored_projector", "without_cuda_synchronize"]
 
 _KEY = "projector"
 _PREFIX = "projector_"
@@ -161,16 +162,36 @@ class _FlatQuantState(torch.optim.Optimizer):
             self.page_mng = GlobalPageManager.get_instance()
 
 
-class _NeedsCuda(ExternalOptimizer):
-    """Mixin of the 8-bit class: refused, typed, where CUDA is unavailable."""
+@contextlib.contextmanager
+def without_cuda_synchronize() -> Iterator[None]:
+    """``torch.cuda.synchronize`` as a no-op inside, on a machine without CUDA (else nothing).
 
-    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        if not torch.cuda.is_available():
-            raise OptimizerUnavailableError(
-                f"galore:{self.algorithm} needs CUDA: galore-torch's GaLoreAdamW8bit calls "
-                "torch.cuda.synchronize() in every step; use galore:galore_adamw on this machine"
-            )
-        super().__init__(params, *args, **kwargs)
+    galore-torch's ``GaLoreAdamW8bit`` calls it in every step, unconditionally;
+    a CPU-only torch raises there, though with no device there is nothing to
+    wait for. Where CUDA is available the real synchronisation runs.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = _no_device_to_wait_for
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = original
+
+
+def _no_device_to_wait_for(device: Any = None) -> None:
+    """What synchronising CUDA means on a machine without it: nothing."""
+
+
+class _SynchronizesCuda(ExternalOptimizer):
+    """Mixin of the 8-bit class: its step runs on the CPU too (:func:`without_cuda_synchronize`)."""
+
+    def step(self, closure: Any = None) -> Any:
+        """The library's step; on a machine without CUDA its synchronisations do nothing."""
+        with without_cuda_synchronize():
+            return super().step(closure)
 
 
 def _wrapped(item: Entry) -> type[ExternalOptimizer]:
@@ -187,7 +208,8 @@ def _wrapped(item: Entry) -> type[ExternalOptimizer]:
         doc=f"galore_torch's {item.cls} with optiplug's contract ({item.name}). "
         + item.description,
     )
-    bases = (_NeedsCuda, _Projected, wrapped) if item.limitation else (_Projected, wrapped)
+    eight_bit = item.name == "galore_adamw_8bit"
+    bases = (_SynchronizesCuda, _Projected, wrapped) if eight_bit else (_Projected, wrapped)
     namespace = {"__module__": __name__, "__qualname__": item.cls, "__doc__": wrapped.__doc__}
     return type(item.cls, bases, namespace)
 

@@ -54,6 +54,7 @@ def spec_of(item: Entry) -> optiplug.OptimizerSpec:
             limitation=item.limitation,
         ),
         example_hparams=item.example_hparams,
+        example_shape=item.example_shape,
         hf_names=hf_names(item),
     )
 
