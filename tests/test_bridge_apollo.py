@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-apollo_torch = pytest.importorskip("apollo_torch")
-
 import optiplug
 from optiplug import checkpoint
 from optiplug.errors import CheckpointError, HyperparameterError
 from optiplug_apollo.catalog import PARAMS, PROJECTORS
+
+apollo_torch = pytest.importorskip("apollo_torch")
 
 GAP = 2  # the projection is renewed at steps 0, 2, 4...
 
@@ -50,7 +50,10 @@ def groups(model: torch.nn.Sequential, **projection: Any) -> list[Any]:
 def run(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
     for step in range(first, first + count):
         generator = torch.Generator().manual_seed(step)
-        inputs, targets = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+        inputs, targets = (
+            torch.randn(5, 8, generator=generator),
+            torch.randn(5, 3, generator=generator),
+        )
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-galore_torch = pytest.importorskip("galore_torch")
-
 import optiplug
 from optiplug import checkpoint
 from optiplug.errors import CheckpointError, HyperparameterError
 from optiplug_galore.catalog import CATALOG, PROJECTOR_FIELDS
+
+galore_torch = pytest.importorskip("galore_torch")
 
 GAP = 2  # the projection is recomputed at steps 0, 2, 4...
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-grokadamw = pytest.importorskip("grokadamw")
-
 import optiplug
 from optiplug import checkpoint
 from optiplug.errors import HyperparameterError
 from optiplug_grokadamw.catalog import PARAMS
+
+grokadamw = pytest.importorskip("grokadamw")
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,10 @@ def groups(model: torch.nn.Sequential) -> list[Any]:
 def run(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
     for step in range(first, first + count):
         generator = torch.Generator().manual_seed(step)
-        inputs, targets = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+        inputs, targets = (
+            torch.randn(5, 8, generator=generator),
+            torch.randn(5, 3, generator=generator),
+        )
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()

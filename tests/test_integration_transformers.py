@@ -181,7 +181,8 @@ def test_bridged_optim_names_build_the_bridged_optimizer(
 
 def test_unserved_or_uninstalled_optim_names_say_what_would_serve_them(tmp_path: Path) -> None:
     with pytest.raises(
-        UnknownOptimizerError, match=r"'galore_adamw_layerwise' is not supported.*no optiplug plugin"
+        UnknownOptimizerError,
+        match=r"'galore_adamw_layerwise' is not supported.*no optiplug plugin",
     ):
         from_training_args(arguments(tmp_path, optim="galore_adamw_layerwise"))
     with pytest.raises(UnknownOptimizerError, match="XLA"):

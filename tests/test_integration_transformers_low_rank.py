@@ -144,7 +144,9 @@ def test_galore_adamw_8bit_is_transformers_own(tmp_path: Path) -> None:
     steps(mine, left, 3)
     with without_cuda_synchronize():
         steps(theirs, right, 3)
-    assert all(torch.equal(a, b) for a, b in zip(left.parameters(), right.parameters()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(left.parameters(), right.parameters(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
@@ -178,7 +180,7 @@ def test_a_missing_target_modules_is_a_typed_error_naming_the_field(
 def test_target_modules_matching_nothing_is_refused_when_built(tmp_path: Path) -> None:
     args = arguments(tmp_path, optim="galore_adamw", optim_target_modules=["nothing_here"])
     cls, kwargs = from_training_args(args)
-    with pytest.raises(HyperparameterError, match="matches no nn.Linear") as raised:
+    with pytest.raises(HyperparameterError, match=r"matches no nn\.Linear") as raised:
         cls()(tiny_llama(), **kwargs)
     assert raised.value.field == "optim_target_modules"
 

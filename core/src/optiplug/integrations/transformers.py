@@ -765,7 +765,9 @@ def _target_module_optimizer(
     if route.adam_arguments:
         group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
     if route.caveat:
-        warnings.warn(f"TrainingArguments.optim={optim!r}: {route.caveat}", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"TrainingArguments.optim={optim!r}: {route.caveat}", UserWarning, stacklevel=3
+        )
     hparams = {"lr": args.learning_rate, **_TARGET_KEYWORDS.get(optim, {}), **overrides}
     made, kwargs = optimizer_cls_and_kwargs(
         route.name, impl=route.impl, registry=registry, **hparams

@@ -18,7 +18,6 @@ import attrs
 
 from optiplug.errors import HyperparameterError
 from optiplug.validators import (
-    NamedField,
     Validator,
     betas,
     boolean,
@@ -90,7 +89,9 @@ def _check_group(algorithm: str, where: str, group: Mapping[str, Any]) -> None:
         raise _refuse(algorithm, "scale", scale, f"must be a finite number >= 0 ({where})")
     for key, known in (("proj", tuple(PROJECTORS)), ("scale_type", SCALE_TYPES)):
         if group[key] not in known:
-            raise _refuse(algorithm, key, group[key], f"must be one of {', '.join(known)} ({where})")
+            raise _refuse(
+                algorithm, key, group[key], f"must be one of {', '.join(known)} ({where})"
+            )
     if group["proj_type"] not in PROJ_TYPES:
         reason = f"must be one of {', '.join(PROJ_TYPES)} ({where}; APOLLO cannot step 'full')"
         raise _refuse(algorithm, "proj_type", group["proj_type"], reason)
@@ -104,7 +105,9 @@ def _check_matrices(algorithm: str, where: str, group: Mapping[str, Any]) -> Non
         pair = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
         name, tensor = item if pair else ("a parameter", item)
         if getattr(tensor, "ndim", 2) != 2:
-            reason = f"{where} holds {name} of shape {tuple(tensor.shape)}: APOLLO projects matrices"
+            reason = (
+                f"{where} holds {name} of shape {tuple(tensor.shape)}: APOLLO projects matrices"
+            )
             raise _refuse(algorithm, "rank", group["rank"], reason)
         if group["scale_type"] == "channel" and not _channel_fits(group["proj_type"], tensor.shape):
             rows, cols = tuple(tensor.shape)
@@ -133,4 +136,3 @@ def _channel_fits(proj_type: str, shape: Any) -> bool:
         return True
     side = projected_side(proj_type, rows, cols)
     return (side == "left") == (rows < cols)
-

@@ -30,7 +30,7 @@ import apollo_torch  # type: ignore[import-untyped]  # apollo-torch ships no py.
 from apollo_torch.random_projector import GradientProjector  # type: ignore[import-untyped]
 from apollo_torch.svd_projector import GaLoreProjector  # type: ignore[import-untyped]
 
-from optiplug.base import ExternalOptimizer, Prepared, external_optimizer
+from optiplug.base import Prepared, external_optimizer
 from optiplug.errors import CheckpointError
 
 from .catalog import NAME, PROJECTORS
@@ -40,7 +40,10 @@ __all__ = ["APOLLOAdamW", "restore_projector", "stored_projector"]
 
 _KEY = "projector"
 _PREFIX = "projector_"
-_CLASSES: dict[str, type] = {"GradientProjector": GradientProjector, "GaLoreProjector": GaLoreProjector}
+_CLASSES: dict[str, type] = {
+    "GradientProjector": GradientProjector,
+    "GaLoreProjector": GaLoreProjector,
+}
 """The projector classes a checkpoint may name (by these names, never by an import path)."""
 _FIELDS = {kind: fields for kind, fields in PROJECTORS.values()}
 
@@ -75,7 +78,9 @@ def stored_projector(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     stored[_PREFIX + "kind"] = kind
     for name in fields:
         value = found[name]
-        stored[_PREFIX + name] = ([] if value is None else [value]) if name == "ortho_matrix" else value
+        stored[_PREFIX + name] = (
+            ([] if value is None else [value]) if name == "ortho_matrix" else value
+        )
     return stored
 
 
@@ -87,7 +92,8 @@ def restore_projector(entry: dict[str, Any]) -> None:
     values = {name: entry.pop(_PREFIX + name) for name in _FIELDS[kind]}
     matrices = list(values["ortho_matrix"])
     values["ortho_matrix"] = matrices[0] if matrices else None
-    projector = _CLASSES[kind].__new__(_CLASSES[kind])
+    cls = _CLASSES[kind]
+    projector: Any = object.__new__(cls)  # no __init__: every attribute comes from the state
     vars(projector).update(values)
     entry[_KEY] = projector
 
@@ -125,9 +131,11 @@ class APOLLOAdamW(_APOLLOAdamW):  # type: ignore[misc,valid-type]  # a class bui
         Raises:
             CheckpointError: a projector this bridge cannot store (nothing is returned).
         """
-        saved = super().state_dict()
+        saved: dict[str, Any] = super().state_dict()
         saved["state"] = {
-            index: stored_projector(entry, f"state {index}") if isinstance(entry, Mapping) else entry
+            index: stored_projector(entry, f"state {index}")
+            if isinstance(entry, Mapping)
+            else entry
             for index, entry in saved["state"].items()
         }
         return saved
@@ -137,5 +145,3 @@ class APOLLOAdamW(_APOLLOAdamW):  # type: ignore[misc,valid-type]  # a class bui
         super().__setstate__(state)
         for entry in self.state.values():
             restore_projector(entry)
-
-

@@ -87,7 +87,7 @@ def restore_projector(entry: dict[str, Any]) -> None:
         values["ortho_matrix"] = None
     else:
         values["ortho_matrix"] = matrices if values["proj_type"] == "full" else matrices[0]
-    projector = GaLoreProjector.__new__(GaLoreProjector)
+    projector = object.__new__(GaLoreProjector)  # no __init__: the attributes come from the state
     vars(projector).update(values)
     entry[_KEY] = projector
 
@@ -112,7 +112,9 @@ class _Projected(ExternalOptimizer):
         """
         saved = super().state_dict()
         saved["state"] = {
-            index: stored_projector(entry, f"state {index}") if isinstance(entry, Mapping) else entry
+            index: stored_projector(entry, f"state {index}")
+            if isinstance(entry, Mapping)
+            else entry
             for index, entry in saved["state"].items()
         }
         return saved
@@ -153,13 +155,11 @@ class _FlatQuantState(torch.optim.Optimizer):
         super().__setstate__(state)
         self.__dict__.setdefault("initialized", False)
         if "mng" not in self.__dict__:
-            from bitsandbytes.functional import GlobalPageManager  # type: ignore[import-untyped]
-            from bitsandbytes.optim.optimizer import (  # type: ignore[import-untyped]
-                GlobalOptimManager,
-            )
+            from bitsandbytes.functional import GlobalPageManager
+            from bitsandbytes.optim.optimizer import GlobalOptimManager
 
-            self.mng = GlobalOptimManager.get_instance()
-            self.page_mng = GlobalPageManager.get_instance()
+            self.mng = GlobalOptimManager.get_instance()  # type: ignore[no-untyped-call]
+            self.page_mng = GlobalPageManager.get_instance()  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager
@@ -210,7 +210,7 @@ def _wrapped(item: Entry) -> type[ExternalOptimizer]:
     )
     eight_bit = item.name == "galore_adamw_8bit"
     bases = (_SynchronizesCuda, _Projected, wrapped) if eight_bit else (_Projected, wrapped)
-    namespace = {"__module__": __name__, "__qualname__": item.cls, "__doc__": wrapped.__doc__}
+    namespace = {"__module__": __name__, "__qualname__": item.cls, "__doc__": wrapped.__doc__ or ""}
     return type(item.cls, bases, namespace)
 
 

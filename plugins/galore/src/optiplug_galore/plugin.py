@@ -25,9 +25,7 @@ def hf_names(item: Entry) -> tuple[optiplug.HFName, ...]:
     :attr:`optiplug.HFName.target_modules`).
     """
     return (
-        optiplug.HFName(
-            item.name, priority=HF_PRIORITY, adam_arguments=False, target_modules=True
-        ),
+        optiplug.HFName(item.name, priority=HF_PRIORITY, adam_arguments=False, target_modules=True),
     )
 
 

@@ -28,7 +28,9 @@ def spec() -> optiplug.OptimizerSpec:
         config=GrokAdamWConfig,
         description=DESCRIPTION,
         state_slots=STATE,
-        origin=optiplug.Origin(library=LIBRARY, version=LIBRARY_VERSION, target=f"grokadamw:{CLASS}"),
+        origin=optiplug.Origin(
+            library=LIBRARY, version=LIBRARY_VERSION, target=f"grokadamw:{CLASS}"
+        ),
         hf_names=(HF_NAME,),
     )
 
