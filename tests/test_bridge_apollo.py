@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug import checkpoint
+from optiplug import checkpoint, testing
 from optiplug.errors import CheckpointError, HyperparameterError
 from optiplug_apollo.catalog import PARAMS, PROJECTORS
 
@@ -207,3 +207,24 @@ def test_bad_hyperparameters_are_typed_errors(hparams: dict[str, Any], field: st
     with pytest.raises(HyperparameterError) as raised:
         optiplug.create("apollo:apollo_adamw", network().parameters(), **hparams)
     assert raised.value.field == field
+
+
+# ------------------------------------------------------------------ conformance
+@pytest.mark.parametrize("name", ["apollo_adamw"])
+@pytest.mark.parametrize("check", testing.CHECKS, ids=lambda check: check.__name__)
+def test_conformance(name: str, check: Any) -> None:
+    """optiplug's conformance suite (plain tensors, no projected group: the plain method).
+
+    A step without gradients moves nothing, but the state is not empty: the
+    constructor gives every parameter its ``seed`` (the random projector's
+    first), before any step, so that part of the no-grad check cannot hold.
+    """
+    if check is testing.check_no_grad_step_is_noop:
+        model = network()
+        optimizer = optiplug.create(f"apollo:{name}", groups(model), lr=0.01)
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.step()
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert all(set(entry) == {"seed"} for entry in optimizer.state.values())
+        return
+    check(f"apollo:{name}")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug import checkpoint
+from optiplug import checkpoint, testing
 from optiplug.errors import CheckpointError, HyperparameterError
 from optiplug_galore.catalog import CATALOG, PROJECTOR_FIELDS
 
@@ -254,3 +254,11 @@ def test_the_8bit_class_is_bit_equal_to_the_library_and_resumes(tmp_path: Path) 
     run_wide(mine, left, 3, 3)
     run_wide(resumed, twin, 3, 3)
     assert same(left, twin)
+
+
+# ------------------------------------------------------------------ conformance
+@pytest.mark.parametrize("name", ["galore_adamw", "galore_adamw_8bit", "galore_adafactor"])
+@pytest.mark.parametrize("check", testing.CHECKS, ids=lambda check: check.__name__)
+def test_conformance(name: str, check: Any) -> None:
+    """optiplug's conformance suite (plain tensors, no projected group: the plain method)."""
+    check(f"galore:{name}")

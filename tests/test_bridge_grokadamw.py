@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug import checkpoint
+from optiplug import checkpoint, testing
 from optiplug.errors import HyperparameterError
 from optiplug_grokadamw.catalog import PARAMS
 
@@ -129,3 +129,11 @@ def test_bad_hyperparameters_are_typed_errors(hparams: dict[str, Any], field: st
     with pytest.raises(HyperparameterError) as raised:
         optiplug.create("grokadamw:grokadamw", network().parameters(), **hparams)
     assert raised.value.field == field
+
+
+# ------------------------------------------------------------------ conformance
+@pytest.mark.parametrize("name", ["grokadamw"])
+@pytest.mark.parametrize("check", testing.CHECKS, ids=lambda check: check.__name__)
+def test_conformance(name: str, check: Any) -> None:
+    """optiplug's conformance suite (plain tensors, no projected group: the plain method)."""
+    check(f"grokadamw:{name}")
