@@ -26,6 +26,9 @@ NAMES = [
     "torchao:adamw8bit",
     "bitsandbytes:adamw8bit",
     "adamw_schedulefree",
+    "galore:galore_adamw",
+    "apollo:apollo_adamw",
+    "grokadamw:grokadamw",
 ]
 
 

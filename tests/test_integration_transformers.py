@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import optiplug
+import optiplug.testing
 from optiplug.errors import HyperparameterError, UnknownOptimizerError
 from optiplug.integrations.transformers import (
     TrainerOptimizer,
@@ -179,10 +180,14 @@ def test_bridged_optim_names_build_the_bridged_optimizer(
 
 
 def test_unserved_or_uninstalled_optim_names_say_what_would_serve_them(tmp_path: Path) -> None:
+    without_apollo = optiplug.Registry(strict=False, disabled={"apollo"})
     with pytest.raises(
-        UnknownOptimizerError, match=r"'grokadamw' is not supported.*no optiplug plugin"
+        UnknownOptimizerError,
+        match=r"'apollo_adamw_layerwise' is not supported.*install optiplug-apollo",
     ):
-        from_training_args(arguments(tmp_path, optim="grokadamw"))
+        from_training_args(
+            arguments(tmp_path, optim="apollo_adamw_layerwise"), registry=without_apollo
+        )
     with pytest.raises(UnknownOptimizerError, match="XLA"):
         from_training_args(arguments(tmp_path, optim="adamw_torch_xla"))
     # a registry without the bridges: the error names the distribution to install
@@ -221,11 +226,21 @@ def test_every_served_optim_name_trains_two_steps_in_the_trainer(
 
     Table-driven from what the integration serves (a bridge's new names are
     covered when it is installed); a route with a caveat warns, as it should.
+    A GaLore or APOLLO name projects the model's one ``nn.Linear`` (GPT-2's
+    other layers are ``Conv1D``), its head, at rank 4; a route whose entry is
+    limited here (GaLore's 8-bit AdamW needs CUDA) is skipped with its reason.
     """
     import math
     import warnings
 
-    args = arguments(tmp_path, optim=optim)
+    from optiplug.integrations.transformers import hf_optimizers
+
+    registry = optiplug.default_registry()
+    route = next(r for r in hf_optimizers()[optim].routes if registry.has(r.name))
+    if optiplug.testing.limitation(route.name):
+        pytest.skip(f"{route.name}: {optiplug.testing.limitation(route.name)}")
+    low_rank = {"optim_target_modules": ["lm_head"], "optim_args": "rank=4,update_proj_gap=1"}
+    args = arguments(tmp_path, optim=optim, **(low_rank if route.target_modules else {}))
     args.max_steps, args.save_strategy = 2, "no"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a caveat route's note (32-bit state...)
@@ -351,21 +366,31 @@ def test_optim_args_optiplug_cannot_compute_are_refused(
     assert raised.value.field == "optim_args"
 
 
-def test_apollo_and_grokadamw_say_why_they_are_not_served() -> None:
+def test_every_low_rank_and_layer_wise_name_is_served_and_only_devices_are_not() -> None:
     from optiplug.integrations.transformers import HF_OPTIMIZERS
 
-    for optim, named in (
-        ("apollo_adamw", "APOLLOAdamW"),
-        ("apollo_adamw_layerwise", "APOLLOAdamW"),
-        ("grokadamw", "GrokFastAdamW"),
-    ):
-        entry = HF_OPTIMIZERS[optim]
-        assert not entry.routes and named in entry.reason, (optim, entry.reason)
+    unserved = sorted(optim for optim, entry in HF_OPTIMIZERS.items() if not entry.routes)
+    assert unserved == ["adamw_torch_npu_fused", "adamw_torch_xla"], unserved
+    for optim in ("apollo_adamw_layerwise", "galore_adafactor_layerwise", "grokadamw"):
+        (first, *_) = HF_OPTIMIZERS[optim].routes
+        assert first.layerwise == optim.endswith("_layerwise"), first
+
+
+def test_a_layer_wise_name_whose_base_is_not_installed_says_so() -> None:
+    from optiplug.integrations.transformers import hf_optimizers
+
+    without_apollo = optiplug.Registry(strict=False, disabled={"apollo"})
+    entry = hf_optimizers(without_apollo)["apollo_adamw_layerwise"]
+    assert not entry.routes and entry.reason.startswith("its base apollo_adamw is not served")
+    assert entry.served_by == ("optiplug-apollo",)
 
 
 def test_galore_adamw_warns_that_it_does_not_project(tmp_path: Path) -> None:
-    """pytorch_optimizer's GaLore projects only groups with a ``rank``; optiplug gives none."""
+    """Without the galore plugin, pytorch_optimizer's GaLore serves it: no rank, no projection."""
+    without_galore = optiplug.Registry(strict=False, disabled={"galore"})
     with pytest.warns(UserWarning, match="no low-rank projection"):
-        cls, kwargs = from_training_args(arguments(tmp_path, optim="galore_adamw"))
+        cls, kwargs = from_training_args(
+            arguments(tmp_path, optim="galore_adamw"), registry=without_galore
+        )
     optimizer = cls()(tiny_gpt2(), **kwargs)
     assert not any("rank" in group for group in optimizer.param_groups)

@@ -34,6 +34,9 @@ from optiplug.integrations.transformers import (
 )
 
 GALORE = "galore_adamw_layerwise"
+PYTORCH_GALORE = optiplug.Registry(strict=False, disabled={"galore"})
+"""galore_adamw's fallback route, pytorch_optimizer's GaLore (no projection): most tests
+here are about the layer-wise mechanics, which its plain groups show without target modules."""
 # transformers needs optim_target_modules for GaLore: nn.Linear ones (GPT-2's blocks are Conv1D)
 TARGETS = ["lm_head"]
 
@@ -48,7 +51,7 @@ def _build(optim: str, tmp_path: Path, model: torch.nn.Module, **overrides: Any)
     args = arguments(tmp_path, optim=optim, optim_target_modules=TARGETS, **overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the route's caveats, tested below
-        cls, kwargs = from_training_args(args)
+        cls, kwargs = from_training_args(args, registry=PYTORCH_GALORE)
     return cls()(model, **kwargs)
 
 
@@ -59,7 +62,7 @@ def _assert_same_parameters(model: torch.nn.Module, reference: torch.nn.Module) 
 
 
 def test_layerwise_names_are_served_by_their_base_names_routes() -> None:
-    table = hf_optimizers()
+    table = hf_optimizers(PYTORCH_GALORE)
     galore = table[GALORE]
     assert galore.routes and all(route.layerwise for route in galore.routes)
     base = table["galore_adamw"].routes
@@ -97,9 +100,9 @@ def test_a_plugin_declaring_a_base_name_serves_its_layerwise_name_too() -> None:
 
 
 def test_a_registry_without_the_base_plugin_names_the_distribution(tmp_path: Path) -> None:
-    bare = optiplug.Registry(strict=False, disabled={"pytorch_optimizer"})
+    bare = optiplug.Registry(strict=False, disabled={"pytorch_optimizer", "galore"})
     assert not hf_optimizers(bare)[GALORE].routes
-    with pytest.raises(UnknownOptimizerError, match="install optiplug-pytorch-optimizer"):
+    with pytest.raises(UnknownOptimizerError, match="optiplug-pytorch-optimizer"):
         from_training_args(arguments(tmp_path, optim=GALORE), registry=bare)
 
 
@@ -152,6 +155,38 @@ def test_galore_layerwise_steps_bit_equal_to_transformers_own_layerwise_path(
         _backward(reference, step)
     _assert_same_parameters(model, reference)
     assert not torch.equal(model.lm_head.weight, tiny_gpt2().lm_head.weight)
+
+
+def test_galore_bridge_layerwise_steps_bit_equal_to_transformers_with_galore_torch(
+    tmp_path: Path,
+) -> None:
+    """With the galore bridge: transformers' own layer-wise builder given galore_torch's class.
+
+    The faithful route: ``optim_target_modules``' weights get an optimizer
+    each whose group carries the projection keys, the rest plain groups, and
+    the constructor only ``lr`` (as transformers builds it); rank 4 and a
+    projection update every 2 steps, so step 3 re-projects.
+    """
+    from galore_torch import GaLoreAdamW
+    from transformers.trainer_optimizer import _setup_low_rank_optimizer
+
+    model, reference = tiny_gpt2().eval(), tiny_gpt2().eval()
+    projection = "rank=4,update_proj_gap=2,scale=0.25,proj_type=std"
+    args = arguments(tmp_path, optim=GALORE, optim_target_modules=TARGETS, optim_args=projection)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # clipping does not apply: said below
+        cls, kwargs = from_training_args(args)
+    optimizer = cls()(model, **kwargs)
+    assert isinstance(optimizer, LayerwiseOptimizer)
+    assert {type(inner).__name__ for inner in optimizer.optimizers} == {"GaLoreAdamW"}
+    group = {"rank": 4, "update_proj_gap": 2, "scale": 0.25, "proj_type": "std"}
+    _setup_low_rank_optimizer(args, reference, GALORE, {GALORE: GaLoreAdamW}, group, {"lr": 1e-3})
+    for step in range(3):
+        _backward(model, step)
+        _backward(reference, step)
+    _assert_same_parameters(model, reference)
+    projected = [g for g in optimizer.param_groups if "rank" in g]
+    assert len(projected) == 1 and projected[0]["rank"] == 4  # lm_head's weight alone
 
 
 def test_layerwise_steps_bit_equal_to_its_optimizers_stepped_by_hand(tmp_path: Path) -> None:
@@ -325,7 +360,7 @@ def test_a_second_trainer_over_one_model_takes_it_over_and_nothing_leaks(tmp_pat
         args.max_steps, args.save_strategy = 2, "no"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the route's caveat
-            recipe = from_training_args(args)
+            recipe = from_training_args(args, registry=PYTORCH_GALORE)
         return Trainer(
             model=model, args=args, train_dataset=Tokens(), optimizer_cls_and_kwargs=recipe
         )
@@ -357,17 +392,19 @@ def test_a_second_trainer_over_one_model_takes_it_over_and_nothing_leaks(tmp_pat
 def test_what_layerwise_cannot_serve_is_refused(field: str, value: Any, tmp_path: Path) -> None:
     args = arguments(tmp_path, optim=GALORE, **{field: value})
     with pytest.raises(HyperparameterError, match="layer-wise") as raised:
-        from_training_args(args)
+        from_training_args(args, registry=PYTORCH_GALORE)
     assert raised.value.field == field and raised.value.value == value
 
 
 def test_clipping_is_said_not_to_apply(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"max_grad_norm=1.0 does not apply"):
-        cls, _ = from_training_args(arguments(tmp_path, optim=GALORE))
+        cls, _ = from_training_args(arguments(tmp_path, optim=GALORE), registry=PYTORCH_GALORE)
     assert isinstance(cls, TrainerOptimizer) and cls.layerwise
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from_training_args(arguments(tmp_path, optim=GALORE, max_grad_norm=0.0))
+        from_training_args(
+            arguments(tmp_path, optim=GALORE, max_grad_norm=0.0), registry=PYTORCH_GALORE
+        )
     assert not any("max_grad_norm" in str(w.message) for w in caught)
 
 

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("torch", "pytorch_optimizer", "heavyball", "torchao", "schedulefree", "bitsandbytes")
+HEAVY = (
+    "torch",
+    "pytorch_optimizer",
+    "heavyball",
+    "torchao",
+    "schedulefree",
+    "bitsandbytes",
+    "galore_torch",
+    "apollo_torch",
+    "grokadamw",
+)
 BRIDGES = ("optiplug_pytorch_optimizer", "optiplug_heavyball", "optiplug_torchao")
 
 

@@ -25,7 +25,17 @@ else:  # Python 3.10: the same parser, where installed
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
 """Every plugin directory: the first-party algorithm plugins and the bridges."""
-BRIDGES = ["bitsandbytes", "heavyball", "pytorch_optimizer", "schedulefree", "torch", "torchao"]
+BRIDGES = [
+    "apollo",
+    "bitsandbytes",
+    "galore",
+    "grokadamw",
+    "heavyball",
+    "pytorch_optimizer",
+    "schedulefree",
+    "torch",
+    "torchao",
+]
 """The bridges: other libraries' optimizers (each pulls in its library, so not in ``all``)."""
 
 

@@ -226,6 +226,19 @@ class HFName:
             ``adam_beta1``/``adam_beta2``/``adam_epsilon`` (False for
             ``adagrad`` and ``rmsprop``, which it builds with torch's own
             ``eps``): when False they are not passed as ``betas``/``eps``.
+            For a :attr:`target_modules` name they go into the target
+            group when True (APOLLO), nowhere when False (GaLore).
+        target_modules: whether transformers builds this name over
+            ``TrainingArguments.optim_target_modules`` (GaLore, APOLLO): the
+            target modules' weight matrices in a group carrying the
+            projection keys read from ``optim_args``, every other parameter
+            in a plain group, and only ``learning_rate`` given to the
+            constructor (no weight decay). A missing ``optim_target_modules``
+            is a :class:`~optiplug.errors.HyperparameterError`.
+        decay_groups: whether transformers steps this name over the Trainer's
+            two weight-decay groups even when ``weight_decay`` is 0, and the
+            algorithm's step depends on the grouping (GrokAdamW's per-layer
+            beta1 decays with a parameter's index in its group).
     """
 
     STATE_32: ClassVar[str] = (
@@ -240,6 +253,8 @@ class HFName:
     caveat: str = ""
     priority: int = 0
     adam_arguments: bool = True
+    target_modules: bool = False
+    decay_groups: bool = False
 
 
 def _to_hf_names(value: Iterable[HFName | str]) -> tuple[HFName, ...]:

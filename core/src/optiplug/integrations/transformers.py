@@ -64,6 +64,7 @@ __all__ = [
     "from_training_args",
     "hf_optimizers",
     "optimizer_cls_and_kwargs",
+    "target_parameter_names",
 ]
 
 
@@ -84,6 +85,10 @@ class HFRoute:
         layerwise: whether it steps one optimizer per parameter from its
             gradient hook (a ``*_layerwise`` name, served by its base name's
             routes: :class:`~optiplug.integrations.layerwise.LayerwiseOptimizer`).
+        target_modules: whether it is built over ``optim_target_modules`` (see
+            :attr:`optiplug.HFName.target_modules`).
+        decay_groups: whether it always gets the Trainer's two weight-decay
+            groups (see :attr:`optiplug.HFName.decay_groups`).
     """
 
     name: str
@@ -91,6 +96,8 @@ class HFRoute:
     caveat: str = ""
     adam_arguments: bool = True
     layerwise: bool = False
+    target_modules: bool = False
+    decay_groups: bool = False
 
 
 @attrs.frozen
@@ -115,19 +122,6 @@ _UNSERVABLE = (
     ("_npu_", "it runs on Ascend NPUs; optiplug runs on CPUs and CUDA"),
 )  # fmt: skip
 """``(part, reason)``: why no plugin can serve a transformers name holding ``part``."""
-
-_APOLLO_DIFFERS = (
-    "transformers builds apollo_torch's APOLLOAdamW, which scales the full-rank gradient by the "
-    "low-rank Adam update's norm ratio; the only installed APOLLO (pytorch_optimizer's) steps with "
-    "the scaled low-rank gradient projected back, a different update"
-)
-
-_NOT_SERVED = {
-    "apollo_adamw": _APOLLO_DIFFERS,
-    "grokadamw": "transformers builds the grokadamw package's GrokAdamW, which no installed "
-    "library provides (pytorch_optimizer's GrokFastAdamW is a different algorithm)",
-}
-"""Why no installed plugin can serve these transformers names faithfully."""
 
 _UNDECLARED = "no plugin installed here declares it"
 
@@ -177,7 +171,14 @@ def _declared_routes(registry: Registry) -> dict[str, list[tuple[int, str, HFRou
         plugin = provider.plugin if provider is not None else ""
         name = f"{plugin}:{spec.name}" if spec.origin is not None else registry.name_of(spec)
         for hf in spec.hf_names:
-            route = HFRoute(name, hf.impl, hf.caveat, hf.adam_arguments)
+            route = HFRoute(
+                name,
+                impl=hf.impl,
+                caveat=hf.caveat,
+                adam_arguments=hf.adam_arguments,
+                target_modules=hf.target_modules,
+                decay_groups=hf.decay_groups,
+            )
             by = provider.distribution if provider is not None else plugin
             found.setdefault(hf.optim, []).append((-hf.priority, by, route))
     return found
@@ -205,8 +206,6 @@ def _unserved_reason(optim: str) -> str:
     if optim.endswith(_LAYERWISE):
         base = optim.removesuffix(_LAYERWISE)
         return f"its base {base} is not served: {_unserved_reason(base)}"
-    if optim in _NOT_SERVED:
-        return _NOT_SERVED[optim]
     return next((why for part, why in _UNSERVABLE if part in optim), _UNDECLARED)
 
 
@@ -286,6 +285,53 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
     }
 
 
+def _targets_module(targets: str | tuple[str, ...], name: str) -> bool:
+    """Whether module ``name`` is one of ``targets``, as transformers matches them.
+
+    A string is a regular expression the whole name must match; a list
+    matches a name it holds, a name holding one of its items, or a name one
+    of its items matches in full as a regular expression.
+    """
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return (
+        name in targets
+        or any(target in name for target in targets)
+        or any(re.fullmatch(target, name) for target in targets)
+    )
+
+
+def target_parameter_names(model: nn.Module, targets: str | tuple[str, ...]) -> set[str]:
+    """The weights of ``model``'s ``nn.Linear`` modules that ``optim_target_modules`` names.
+
+    Matched as transformers matches them for GaLore and APOLLO (see
+    ``_targets_module``); ``"all-linear"`` (or ``"all_linear"``) takes every
+    ``nn.Linear``; a matched module of another type is left out, as there.
+
+    Args:
+        model: the module being trained.
+        targets: ``TrainingArguments.optim_target_modules`` (a list as a tuple).
+
+    Returns:
+        The parameter names (``"<module>.weight"``).
+
+    Raises:
+        HyperparameterError: no ``nn.Linear`` module matches (field ``optim_target_modules``).
+    """
+    every = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
+    found = {
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and (every or _targets_module(targets, name))
+    }
+    if not found:
+        shown = list(targets) if isinstance(targets, tuple) else targets
+        raise HyperparameterError(
+            "optim_target_modules", shown, "matches no nn.Linear module of the model"
+        )
+    return found
+
+
 @attrs.frozen
 class TrainerOptimizer:
     """The first element of ``optimizer_cls_and_kwargs``: ``TrainerOptimizer(f)()(model, **kw)``.
@@ -299,10 +345,19 @@ class TrainerOptimizer:
             implementation, provider and registry.
         layerwise: build one optimizer per parameter, stepped from its
             gradient hook (:class:`~optiplug.integrations.layerwise.LayerwiseOptimizer`).
+        target_modules: for a low-rank name (GaLore, APOLLO): the
+            ``optim_target_modules`` whose ``nn.Linear`` weights form the
+            projected group (:func:`target_parameter_names`); None otherwise.
+        target_group: the keys of that group (``rank``, ``update_proj_gap``...).
+        decay_groups: always the Trainer's two weight-decay groups, even when
+            ``weight_decay`` is 0 (:attr:`optiplug.HFName.decay_groups`).
     """
 
     factory: OptimizerFactory
     layerwise: bool = False
+    target_modules: str | tuple[str, ...] | None = None
+    target_group: Mapping[str, Any] = attrs.field(factory=dict)
+    decay_groups: bool = False
 
     def __call__(self) -> Callable[..., torch.optim.Optimizer]:
         """Return :meth:`build` (the Trainer instantiates "the class" first)."""
@@ -313,9 +368,13 @@ class TrainerOptimizer:
 
         Parameters are passed as ``(name, tensor)`` pairs, in two param
         groups when a ``weight_decay`` applies (the Trainer's decay
-        parameters with it, the rest with 0.0); the algorithm also gets
-        ``model=`` when it takes that hyperparameter (``muon``). Layer-wise,
-        each parameter gets an optimizer of its own over its group's settings.
+        parameters with it, the rest with 0.0; always, with
+        :attr:`decay_groups`); with :attr:`target_modules`, in the two groups
+        transformers builds for GaLore and APOLLO instead (the other
+        parameters, then the targets' weights with :attr:`target_group`).
+        The algorithm also gets ``model=`` when it takes that hyperparameter
+        (``muon``). Layer-wise, each parameter gets an optimizer of its own
+        over its group's settings.
 
         Args:
             model: the module being trained.
@@ -335,7 +394,13 @@ class TrainerOptimizer:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         weight_decay = merged.get("weight_decay", 0.0) if "weight_decay" in accepted else 0.0
         params: list[Any] = named
-        if weight_decay:
+        if self.target_modules is not None:
+            targets = target_parameter_names(model, self.target_modules)
+            params = [
+                {"params": [(n, p) for n, p in named if n not in targets]},
+                {"params": [(n, p) for n, p in named if n in targets], **self.target_group},
+            ]
+        elif weight_decay or (self.decay_groups and "weight_decay" in accepted):
             decay = decay_parameter_names(model)
             params = [
                 {"params": [(n, p) for n, p in named if n in decay], "weight_decay": weight_decay},
@@ -496,8 +561,73 @@ def _anyprecision_hparams(text: str) -> tuple[dict[str, Any], str]:
     )  # fmt: skip
 
 
+_Typed = dict[str, tuple[Callable[[str], Any], Any]]
+"""``key -> (conversion, default)`` of the ``optim_args`` transformers reads for a name."""
+
+_GROKADAMW_ARGS: _Typed = {
+    "alpha_init": (float, 0.98),
+    "lamb": (float, 2.0),
+    "gamma": (float, 0.1),
+    "grokking_signal_decay_rate": (float, 0.1),
+    "gradient_clipping": (float, 1.0),
+}
+_GALORE_ARGS: _Typed = {
+    "rank": (int, 128),
+    "update_proj_gap": (int, 200),
+    "scale": (float, 0.25),
+    "proj_type": (str, "std"),
+}
+_APOLLO_ARGS: _Typed = {
+    "rank": (int, 128),
+    "proj": (str, "random"),
+    "scale_type": (str, "channel"),
+    "update_proj_gap": (int, 200),
+    "scale": (float, 1.0),
+    "proj_type": (str, "std"),
+}
+_TARGET_GROUP_ARGS: dict[str, _Typed] = {
+    "galore_adamw": _GALORE_ARGS,
+    "galore_adamw_8bit": _GALORE_ARGS,
+    "galore_adafactor": _GALORE_ARGS,
+    "apollo_adamw": _APOLLO_ARGS,
+}
+"""``optim`` -> the ``optim_args`` transformers puts in its target-module group, with defaults."""
+
+_TARGET_KEYWORDS: dict[str, dict[str, Any]] = {
+    "galore_adafactor": {"scale_parameter": False, "relative_step": False},
+}
+"""Constructor keywords transformers fixes for a target-module name."""
+
+
+def _typed_optim_args(text: str, table: _Typed) -> dict[str, Any]:
+    """``optim_args`` read as transformers reads them for a name: ``table``'s keys, converted.
+
+    Every key of ``table`` is returned, its default where ``text`` omits it.
+
+    Raises:
+        HyperparameterError: an item is not ``key=value``, a key is unknown
+            (transformers ignores it; here it is a typo until shown otherwise)
+            or a value does not convert.
+    """
+    given = _parse_optim_args(text) if text else {}
+    unknown = sorted(set(given) - set(table))
+    if unknown:
+        known = ", ".join(table)
+        raise HyperparameterError("optim_args", text, f"unknown key {unknown[0]!r} (read: {known})")
+    read = {key: default for key, (_, default) in table.items()}
+    for key, value in given.items():
+        convert = table[key][0]
+        try:
+            read[key] = convert(value)
+        except ValueError:
+            kind = convert.__name__
+            raise HyperparameterError("optim_args", text, f"{key}={value!r} is no {kind}") from None
+    return read
+
+
 _OPTIM_ARGS: dict[str, Callable[[str], tuple[dict[str, Any], str]]] = {
     "adamw_anyprecision": _anyprecision_hparams,
+    "grokadamw": lambda text: (_typed_optim_args(text, _GROKADAMW_ARGS), ""),
 }
 """``optim`` -> the reader of its ``TrainingArguments.optim_args`` (the names optiplug reads them for)."""
 
@@ -569,7 +699,16 @@ def from_training_args(
     when it takes them (``lion`` takes no ``eps``), the last two only where
     transformers passes them for the name (not for ``adagrad``, ``rmsprop``:
     :attr:`optiplug.HFName.adam_arguments`). See :data:`HF_OPTIM_NAMES`
-    for the names understood.
+    for the names understood. ``optim_args`` are read for the names
+    transformers reads them for and optiplug serves alike:
+    ``adamw_anyprecision``, ``grokadamw`` (its five keys), and the GaLore
+    and APOLLO names, which are built as transformers builds them: over
+    ``optim_target_modules``, whose ``nn.Linear`` weights form a group with
+    the projection keys of ``optim_args`` (``rank``, ``update_proj_gap``,
+    ``scale``, ``proj_type``; APOLLO's ``proj`` and ``scale_type`` too, with
+    transformers' defaults), the other parameters a plain group, and only
+    ``learning_rate`` given to the constructor
+    (:attr:`optiplug.HFName.target_modules`).
 
     Args:
         args: the Trainer's arguments.
@@ -581,17 +720,21 @@ def from_training_args(
 
     Raises:
         UnknownOptimizerError: ``args.optim`` has no optiplug counterpart
-            (``grokadamw``, a layer-wise name whose base is not served...),
-            with the names that do.
-        HyperparameterError: ``args.optim_args`` is set for a name other than
-            ``adamw_anyprecision`` (give the keywords as ``overrides`` instead)
-            or asks for what optiplug cannot compute, or a bad hyperparameter;
-            for a layer-wise name, gradient accumulation, DDP, fp16, FSDP or DeepSpeed.
+            (``apollo_adamw_layerwise`` without the apollo plugin...), with the
+            names that do.
+        HyperparameterError: ``args.optim_args`` is set for a name optiplug
+            does not read them for (give the keywords as ``overrides``
+            instead), holds an unknown key or asks for what optiplug cannot
+            compute; ``optim_target_modules`` is missing or malformed for a
+            GaLore or APOLLO name; for a layer-wise name, gradient
+            accumulation, DDP, fp16, FSDP or DeepSpeed; or a bad hyperparameter.
     """
     optim = str(getattr(args.optim, "value", args.optim))
-    read, read_caveat = _read_optim_args(optim, args.optim_args)
     found = registry if registry is not None else _api.default_registry()
     route = _route(optim, found)
+    if route.target_modules:
+        return _target_module_optimizer(optim, args, route, found, overrides)
+    read, read_caveat = _read_optim_args(optim, args.optim_args)
     name, impl = route.name, route.impl
     steps = _layerwise_caveat(args) if route.layerwise else ""
     caveat = "; ".join(note for note in (route.caveat, read_caveat, steps) if note)
@@ -612,8 +755,8 @@ def from_training_args(
     if betas is not None and isinstance(betas.default, tuple) and len(betas.default) != 2:
         hparams.pop("betas", None)  # AdEMAMix's three betas: the Trainer's two do not fit
     merged = {**hparams, **read, **overrides}
-    recipe, kwargs = optimizer_cls_and_kwargs(name, impl=impl, registry=found, **merged)
-    return attrs.evolve(recipe, layerwise=route.layerwise), kwargs
+    made, kwargs = optimizer_cls_and_kwargs(name, impl=impl, registry=found, **merged)
+    return attrs.evolve(made, decay_groups=route.decay_groups, layerwise=route.layerwise), kwargs
 
 
 def _layerwise_caveat(args: TrainingArguments) -> str:
@@ -643,3 +786,54 @@ def _layerwise_caveat(args: TrainingArguments) -> str:
             "the backward pass, before the Trainer clips (as transformers' layer-wise path does)"
         )
     return ""
+
+
+def _target_modules(optim: str, value: Any) -> str | tuple[str, ...]:
+    """``TrainingArguments.optim_target_modules``, checked as transformers checks it.
+
+    Raises:
+        HyperparameterError: it is None, or neither a string nor a list of strings.
+    """
+    if value is None:
+        raise HyperparameterError(
+            "optim_target_modules", None, f"is required for optim={optim!r}: the modules whose "
+            "weights are projected (a list of names or regular expressions, a regular "
+            "expression, or 'all-linear')",
+        )  # fmt: skip
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise HyperparameterError(
+        "optim_target_modules", value, "must be a list of strings, a regular expression or "
+        "'all-linear'",
+    )  # fmt: skip
+
+
+def _target_module_optimizer(
+    optim: str, args: TrainingArguments, route: HFRoute, registry: Registry, overrides: Any
+) -> tuple[TrainerOptimizer, dict[str, Any]]:
+    """``from_training_args`` for a GaLore or APOLLO name: the groups transformers builds.
+
+    The constructor gets ``learning_rate`` (and the keywords transformers
+    fixes for the name); the target group gets the projection keys read from
+    ``optim_args`` with transformers' defaults, and the Trainer's betas and
+    eps where :attr:`HFRoute.adam_arguments` says so (APOLLO).
+    """
+    base = optim.removesuffix(_LAYERWISE) if route.layerwise else optim
+    targets = _target_modules(optim, args.optim_target_modules)
+    group = _typed_optim_args(args.optim_args or "", _TARGET_GROUP_ARGS.get(base, {}))
+    if route.adam_arguments:
+        group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    steps = _layerwise_caveat(args) if route.layerwise else ""
+    caveat = "; ".join(note for note in (route.caveat, steps) if note)
+    if caveat:
+        warnings.warn(f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=3)
+    hparams = {"lr": args.learning_rate, **_TARGET_KEYWORDS.get(base, {}), **overrides}
+    made, kwargs = optimizer_cls_and_kwargs(
+        route.name, impl=route.impl, registry=registry, **hparams
+    )
+    chosen = attrs.evolve(
+        made, target_modules=targets, target_group=group, layerwise=route.layerwise
+    )
+    return chosen, kwargs
