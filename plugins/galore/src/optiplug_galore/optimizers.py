@@ -155,8 +155,8 @@ class _FlatQuantState(torch.optim.Optimizer):
         super().__setstate__(state)
         self.__dict__.setdefault("initialized", False)
         if "mng" not in self.__dict__:
-            from bitsandbytes.functional import GlobalPageManager
-            from bitsandbytes.optim.optimizer import GlobalOptimManager
+            from bitsandbytes.functional import GlobalPageManager  # deferred: imports torch
+            from bitsandbytes.optim.optimizer import GlobalOptimManager  # deferred: imports torch
 
             self.mng = GlobalOptimManager.get_instance()  # type: ignore[no-untyped-call]
             self.page_mng = GlobalPageManager.get_instance()  # type: ignore[no-untyped-call]
