@@ -32,11 +32,11 @@ MODULES = (
 )
 
 
-def test_at_least_95_percent_of_the_catalogue_passes_and_the_page_says_so() -> None:
-    """At least 95% of the catalogue (optiplug's own and the bridged) passes every check.
+def test_at_least_95_percent_of_the_bridged_entries_pass_and_the_page_says_so() -> None:
+    """At least 95% of the bridged entries pass every check, and so of the whole catalogue.
 
-    The page states the bridged entries' own counts, which may sit just below
-    that share: optiplug's own algorithms all pass.
+    optiplug's own algorithms all pass, so the whole catalogue's share is at
+    least the bridged entries'; the page states both counts.
     """
     for module in MODULES:
         pytest.importorskip(module)
@@ -45,6 +45,7 @@ def test_at_least_95_percent_of_the_catalogue_passes_and_the_page_says_so() -> N
     bridged = [s for s in specs if s.origin is not None and s.origin.library in LIBRARIES]
     passing = [s for s in bridged if s.origin is not None and not s.origin.limitation]
     limited = [s for s in every if s.origin is not None and s.origin.limitation]
+    assert len(passing) >= 0.95 * len(bridged), (len(passing), len(bridged))
     assert len(every) - len(limited) >= 0.95 * len(every)
     page = (Path(__file__).parents[1] / "docs" / "bridges" / "index.md").read_text("utf-8")
     stated = re.search(r"register (\d+) optimizers.*?\*\*(\d+) pass\*\*", page, re.S)
