@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -228,10 +229,11 @@ class Noisy(torch.nn.Module):
         return self.net(x)
 
 
-def noisy_graph(seed: int) -> Graph:
+def noisy_graph(seed: int, impl: str = "foreach") -> Graph:
+    """The graph the resume tests train; ``impl`` forced: two kernels agree only to rounding."""
     torch.manual_seed(seed)
     graph = Graph(Noisy(), seed=3)
-    graph.set_optimizer("adamw", lr=1e-2)
+    graph.set_optimizer("adamw", lr=1e-2, impl=impl)
     graph.set_scheduler(optiplug.schedule("cosine", total_steps=40, warmup_steps=5))
     graph.set_lr_scale(1.5)
     graph.set_data_loader(DataLoader(Pairs(40), batch_size=4, shuffle=True), forward_input="x")
@@ -266,6 +268,17 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(tmp_path) -> None:
     for p, q in zip(straight.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(p, q)
     assert resumed.current_lrs() == straight.current_lrs()
+
+
+def test_resuming_with_another_implementation_warns_and_names_the_saved_one(tmp_path) -> None:
+    first = noisy_graph(seed=0, impl="foreach")
+    train_until(first, 3)
+    first.save(tmp_path / "ckpt")
+    with pytest.warns(UserWarning, match=r"'foreach' implementation.*runs 'loop'.*impl='foreach'"):
+        noisy_graph(seed=0, impl="loop").load(tmp_path / "ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same implementation: nothing to say
+        noisy_graph(seed=0, impl="foreach").load(tmp_path / "ckpt")
 
 
 def test_load_verifies_everything_before_changing_anything(tmp_path) -> None:

@@ -621,7 +621,8 @@ def test_explain_shows_the_muon_rule_and_the_default_rules() -> None:
     finetuning = optiplug.AutoOptimizer.explain(
         task="causal-lm", stage="finetuning", num_parameters=10**7
     )
-    assert "muon" not in finetuning
+    ranked = finetuning.split("for comparison, the most-used algorithms")[0]
+    assert "muon" not in ranked  # muon is among the most-used ones cited after, for comparison
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ graph record (:mod:`.record`) and the optimizer state.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ class Checkpointer:
         self._check_model_finite(model_state, path)
         load_stored(stored, optimizer, strict=True)  # validates first: all or nothing
         self._module.load_state_dict(model_state)
+        warn_if_another_implementation(stored.metadata.get("implementation"), optimizer)
         return record
 
     def _load_sharded(
@@ -138,3 +140,23 @@ class Checkpointer:
 def jsonable(value: Any) -> Any:
     """``value`` with its tuples made lists, recursively (for JSON metadata)."""
     return [jsonable(item) for item in value] if isinstance(value, (tuple, list)) else value
+
+
+def warn_if_another_implementation(saved: object, optimizer: torch.optim.Optimizer) -> None:
+    """Warn when ``optimizer`` runs another implementation than the checkpoint's saver did.
+
+    Two implementations of one algorithm (``foreach`` and ``fused``) agree to
+    rounding, not bit for bit, so the resumed run then continues, but not
+    bit-identically. It happens when the implementation is chosen by
+    measurement and the near-equal candidates' order changed (the chooser
+    keeps no choice it doubts); forcing ``impl=`` makes a resume bit-identical.
+    """
+    current = getattr(optimizer, "impl", None)
+    if isinstance(saved, str) and isinstance(current, str) and saved != current:
+        warnings.warn(
+            f"Graph.load: the checkpoint was written by the {saved!r} implementation and this "
+            f"optimizer runs {current!r}: the run resumes, but not bit-identically (the two "
+            f"agree to rounding); set_optimizer(..., impl={saved!r}) resumes bit-identically",
+            UserWarning,
+            stacklevel=3,
+        )
