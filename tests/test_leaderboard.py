@@ -236,7 +236,7 @@ def test_every_installed_entry_has_a_row_on_every_workload_of_the_published_boar
 def test_the_ranked_tier_covers_twenty_entries_with_five_seeds() -> None:
     rows = rows_of(published_records())
     seeded = {row.optimizer for row in rows if len(row.seeds) >= 5}
-    assert len(seeded - set(MOST_USED)) >= 20, sorted(seeded)
+    assert len(seeded) >= 20, sorted(seeded)  # the top 20 (the baseline among them)
     assert set(MOST_USED) <= seeded, sorted(set(MOST_USED) - seeded)
     for row in rows:
         if row.optimizer in seeded and row.steps is not None and row.steps.n >= 2:

@@ -38,7 +38,7 @@ MOST_USED = (
     "sgd",
     "torch:rmsprop",
     "torch:adagrad",
-    "adafactor",
+    "pytorch_optimizer:adafactor",
     "lion",
     "pytorch_optimizer:lamb",
     "muon",
