@@ -579,10 +579,7 @@ def from_training_args(
         return _target_module_optimizer(optim, args, route, found, overrides)
     read, read_caveat = read_optim_args(optim, args.optim_args)
     name, impl = route.name, route.impl
-    steps = layerwise_caveat(args) if route.layerwise else ""
-    caveat = "; ".join(note for note in (route.caveat, read_caveat, steps) if note)
-    if caveat:
-        warnings.warn(f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=2)
+    _warn_caveats(optim, args, route, read_caveat, stacklevel=3)
     offered = {
         "lr": args.learning_rate,
         "weight_decay": args.weight_decay,
@@ -602,6 +599,18 @@ def from_training_args(
     return attrs.evolve(made, decay_groups=route.decay_groups, layerwise=route.layerwise), kwargs
 
 
+def _warn_caveats(
+    optim: str, args: TrainingArguments, route: HFRoute, *notes: str, stacklevel: int
+) -> None:
+    """Warn once with how the route differs: its caveat, ``notes``, the layer-wise one."""
+    steps = layerwise_caveat(args) if route.layerwise else ""
+    caveat = "; ".join(note for note in (route.caveat, *notes, steps) if note)
+    if caveat:
+        warnings.warn(
+            f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=stacklevel
+        )
+
+
 def _target_module_optimizer(
     optim: str, args: TrainingArguments, route: HFRoute, registry: Registry, overrides: Any
 ) -> tuple[TrainerOptimizer, dict[str, Any]]:
@@ -617,10 +626,7 @@ def _target_module_optimizer(
     group = typed_optim_args(args.optim_args or "", TARGET_GROUP_ARGS.get(base, {}))
     if route.adam_arguments:
         group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
-    steps = layerwise_caveat(args) if route.layerwise else ""
-    caveat = "; ".join(note for note in (route.caveat, steps) if note)
-    if caveat:
-        warnings.warn(f"TrainingArguments.optim={optim!r}: {caveat}", UserWarning, stacklevel=3)
+    _warn_caveats(optim, args, route, stacklevel=4)
     hparams = {"lr": args.learning_rate, **TARGET_KEYWORDS.get(base, {}), **overrides}
     made, kwargs = optimizer_cls_and_kwargs(
         route.name, impl=route.impl, registry=registry, **hparams
