@@ -213,7 +213,7 @@ def test_any_algorithm_steps_layerwise_as_transformers_steps_torch_adamw() -> No
 
     model, reference = tiny_gpt2().eval(), tiny_gpt2().eval()
     optimizer = layerwise(
-        lambda groups: optiplug.create("adamw", groups, lr=1e-3, weight_decay=0.01),
+        lambda groups: optiplug.create("adamw", groups, lr=1e-3, weight_decay=0.01, impl="foreach"),
         model.named_parameters(),
     )
     kernels = {(g["foreach"], g["fused"]) for g in optimizer.param_groups}
