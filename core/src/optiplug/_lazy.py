@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import attrs
 
-__all__ = ["LazyCallable", "lazy"]
+__all__ = ["LazyCallable", "LazyConfig", "lazy", "lazy_config", "lazy_config_lookup"]
 
 
 @attrs.frozen
@@ -54,3 +54,78 @@ def lazy(target: str, **kwargs: Any) -> LazyCallable:
         A picklable callable that imports the target on first call.
     """
     return LazyCallable(target, kwargs)
+
+
+class LazyConfig(type):
+    """Metaclass of a config class whose attrs class is built on first use.
+
+    attrs generates and compiles each class's methods (about 0.4 ms a
+    class); a bridge of a hundred entries would pay that on every ``optiplug
+    list``, which never reads a schema. A class of this metaclass stands in
+    for the attrs class: calling it, and reading an attribute it lacks
+    (``__attrs_attrs__``, which ``attrs.fields`` and ``attrs.has`` read),
+    builds the attrs class once and defers to it; an instance of the attrs
+    class is an instance of the stand-in.
+    """
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__optiplug"):
+            raise AttributeError(name)
+        return getattr(cls.built(), name)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.built()(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        """An instance of the attrs class is one of this stand-in (what calling it builds)."""
+        return isinstance(instance, cls.built())
+
+    def built(cls) -> type:
+        """The attrs class (built on the first call)."""
+        real: type | None = cls.__dict__.get("__optiplug_built")
+        if real is None:
+            real = cls.__dict__["__optiplug_build"]()
+            type.__setattr__(cls, "__optiplug_built", real)
+        return real
+
+
+def lazy_config(name: str, build: Callable[[], type], *, module: str, doc: str = "") -> type:
+    """A stand-in config class that calls ``build`` for the attrs class on first use.
+
+    Args:
+        name: the class name (``build`` should give its class the same
+            name and ``__module__``, so that :func:`lazy_config_lookup` can
+            serve it and its instances pickle).
+        build: makes the attrs config class (``attrs.make_class(...)``).
+        module: the module the class belongs to (``__name__``).
+        doc: the class docstring, shown before the class is built.
+
+    Returns:
+        A class of metaclass :class:`LazyConfig`.
+    """
+    namespace = {"__module__": module, "__doc__": doc, "__optiplug_build": build}
+    return LazyConfig(name, (), namespace)
+
+
+def lazy_config_lookup(configs: Iterable[type]) -> Callable[[str], type]:
+    """A module ``__getattr__`` serving each lazy config's attrs class by name.
+
+    Assigned as ``__getattr__ = lazy_config_lookup(CONFIGS.values())`` in
+    the module the classes name, it makes ``from module import AcmeConfig``
+    give the attrs class and lets pickle find an instance's class.
+
+    Args:
+        configs: stand-ins made by :func:`lazy_config`.
+
+    Returns:
+        A function raising ``AttributeError`` for any other name.
+    """
+    by_name = {cls.__name__: cls for cls in configs}
+
+    def module_getattr(name: str) -> type:
+        stand_in = by_name.get(name)
+        if not isinstance(stand_in, LazyConfig):
+            raise AttributeError(f"no config class named {name!r}")
+        return stand_in.built()
+
+    return module_getattr

@@ -26,18 +26,21 @@ from typing import Any, Protocol
 
 import attrs
 
-from ._lazy import LazyCallable
+from ._lazy import LazyCallable, LazyConfig, lazy_config, lazy_config_lookup
 from .errors import HyperparameterError, closest_name
 
 __all__ = [
     "STATE_PRECISIONS",
     "Hyperparameter",
+    "LazyConfig",
     "betas",
     "betas_of",
     "boolean",
     "hyperparameter",
     "hyperparameters_of",
     "known_hyperparameters",
+    "lazy_config",
+    "lazy_config_lookup",
     "learning_rate",
     "non_negative",
     "positive",
@@ -442,3 +445,7 @@ class _FieldName:
 
     name: str
     default: Any = None
+
+
+for _public in (LazyConfig, lazy_config, lazy_config_lookup):
+    _public.__module__ = __name__  # published here; defined beside LazyCallable

@@ -19,6 +19,8 @@ from optiplug.validators import (
     betas,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -127,14 +129,25 @@ def _config_class(item: Entry) -> type:
     fields = {p.name: _field(p) for p in item.params}
     cls = attrs.make_class(f"{item.cls}Config", fields, frozen=True)
     cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of bitsandbytes' {item.cls} ({item.name})."
+    cls.__doc__ = _doc(item)
     return cls
 
 
-CONFIGS: dict[str, type] = {item.name: _config_class(item) for item in CATALOG}
-"""Registered name -> its attrs config class (limited entries too: their keywords are checked)."""
+def _doc(item: Entry) -> str:
+    return f"Hyperparameters of bitsandbytes' {item.cls} ({item.name})."
 
-globals().update({cls.__name__: cls for cls in CONFIGS.values()})  # importable: they pickle
+
+def _lazy_config(item: Entry) -> type:
+    """The entry's config class, built on first use (list time builds none)."""
+    return lazy_config(
+        f"{item.cls}Config", lambda: _config_class(item), module=__name__, doc=_doc(item)
+    )
+
+
+CONFIGS: dict[str, type] = {item.name: _lazy_config(item) for item in CATALOG}
+"""Registered name -> its config class (limited entries too: their keywords are checked)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle
 
 
 def config_of(name: str) -> type:

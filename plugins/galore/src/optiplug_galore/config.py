@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -23,6 +24,8 @@ from optiplug.validators import (
     betas,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -118,14 +121,23 @@ def _config_class(item: Entry) -> type:
     body = {"__attrs_post_init__": _adafactor_rules} if "relative_step" in fields else None
     cls = attrs.make_class(f"{item.cls}Config", fields, class_body=body, frozen=True)
     cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of galore_torch's {item.cls} ({item.name})."
+    cls.__doc__ = _doc(item)
     return cls
 
 
-CONFIGS: dict[str, type] = {item.name: _config_class(item) for item in CATALOG}
-"""Registered name -> its attrs config class."""
+def _doc(item: Entry) -> str:
+    return f"Hyperparameters of galore_torch's {item.cls} ({item.name})."
 
-globals().update({cls.__name__: cls for cls in CONFIGS.values()})  # importable: they pickle
+
+CONFIGS: dict[str, type] = {
+    item.name: lazy_config(
+        f"{item.cls}Config", partial(_config_class, item), module=__name__, doc=_doc(item)
+    )
+    for item in CATALOG
+}
+"""Registered name -> its config class (an attrs class built on first use)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle
 
 
 def check_projection_groups(algorithm: str, params: Sequence[Any]) -> None:

@@ -22,6 +22,8 @@ from optiplug.validators import (
     betas,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -31,7 +33,7 @@ from optiplug.validators import (
 
 from .catalog import CATALOG, LIBRARY_DEFAULT, Param
 
-__all__ = ["CONFIGS", "RULES", "LazyConfig"]
+__all__ = ["CONFIGS", "RULES"]
 
 Check = Callable[[Any, Any, Any], None]
 
@@ -133,48 +135,10 @@ def _config_class(name: str, params: tuple[Param, ...]) -> type:
     return cls
 
 
-class LazyConfig(type):
-    """Metaclass of a config class whose attrs class is built on first use.
-
-    Building the 19 attrs classes (500 validated fields) takes a tenth of a
-    second or more, which ``optiplug list`` would pay for nothing: it never
-    reads a schema. A class of this metaclass is a stand-in: constructing
-    it, and reading any attribute it lacks (``__attrs_attrs__``, which
-    ``attrs.fields`` and ``attrs.has`` read), builds the real attrs class once
-    and delegates to it, so ``attrs.fields(config)`` and ``config(**values)``
-    behave as on the real class.
-    """
-
-    _params: tuple[Param, ...]
-    _real: type | None
-
-    def real(cls) -> type:
-        """The attrs class (built on the first call)."""
-        if cls._real is None:
-            cls._real = _config_class(cls.__name__, cls._params)
-        return cls._real
-
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("_real") or name == "_params":
-            raise AttributeError(name)
-        return getattr(cls.real(), name)
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls.real()(*args, **kwargs)
-
-    def __instancecheck__(cls, instance: Any) -> bool:
-        """An instance of the real attrs class is one of this stand-in."""
-        return isinstance(instance, cls.real())
-
-
 def _lazy_config(name: str, params: tuple[Param, ...]) -> type:
-    namespace = {
-        "__module__": __name__,
-        "__doc__": f"Hyperparameters of heavyball's {name.removesuffix('Config')}.",
-        "_params": params,
-        "_real": None,
-    }
-    return LazyConfig(name, (), namespace)
+    """The config class of ``params``, built on first use (``optiplug list`` reads no schema)."""
+    doc = f"Hyperparameters of heavyball's {name.removesuffix('Config')}."
+    return lazy_config(name, lambda: _config_class(name, params), module=__name__, doc=doc)
 
 
 def _configs() -> dict[str, type]:
@@ -191,3 +155,5 @@ def _configs() -> dict[str, type]:
 
 CONFIGS: dict[str, type] = _configs()
 """Registered name -> config class (shared by the classes whose keywords are the same)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle

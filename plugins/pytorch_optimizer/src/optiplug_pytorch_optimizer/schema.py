@@ -13,12 +13,13 @@ import math
 import numbers
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import attrs
 
 from optiplug.errors import HyperparameterError
-from optiplug.validators import hyperparameter
+from optiplug.validators import hyperparameter, lazy_config, lazy_config_lookup
 
 from .table import REQUIRED, Entry, LibraryDefault, Param
 
@@ -164,44 +165,19 @@ def _extra_params(entry: Entry) -> tuple[Param, ...]:
 _CONFIGS: dict[str, type] = {}
 
 
-class LazyConfig(type):
-    """Metaclass of a config class that attrs builds on first use.
-
-    attrs generates and compiles each class's methods (about 3 ms a class),
-    too slow to do for 128 classes whenever ``optiplug list`` runs. The
-    class the registry holds stands in for the attrs class: calling it, and
-    reading any attribute it lacks (``__attrs_attrs__``, for
-    ``attrs.fields``), builds the attrs class once and defers to it; an
-    instance of the attrs class is an instance of the stand-in.
-    """
-
-    def __getattr__(cls, name: str) -> Any:
-        return getattr(cls.built(), name)
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls.built()(*args, **kwargs)
-
-    def __instancecheck__(cls, instance: Any) -> bool:
-        """An instance of the attrs class is one of this stand-in (what calling it builds)."""
-        return isinstance(instance, cls.built())
-
-    def built(cls) -> type:
-        """The attrs class (built on the first call)."""
-        real = cls.__dict__.get("_built")
-        if real is None:
-            real = _attrs_class(cls.__dict__["_entry"], cls.__name__)
-            type.__setattr__(cls, "_built", real)
-        return real
-
-
 def config_class(entry: Entry) -> type:
     """The config class validating ``entry``'s keywords (one per entry; attrs, built lazily)."""
     if entry.name not in _CONFIGS:
         name = "".join(part.capitalize() for part in entry.name.split("_")) + "Config"
         doc = f"Hyperparameters of pytorch-optimizer's {entry.target.rpartition(':')[2]}."
-        namespace = {"_entry": entry, "__module__": __name__, "__doc__": doc}
-        _CONFIGS[entry.name] = LazyConfig(name, (), namespace)
+        build = partial(_attrs_class, entry, name)
+        _CONFIGS[entry.name] = lazy_config(name, build, module=__name__, doc=doc)
     return _CONFIGS[entry.name]
+
+
+def __getattr__(name: str) -> type:
+    """A config class by its name, built if need be (so its instances pickle)."""
+    return lazy_config_lookup(_CONFIGS.values())(name)
 
 
 def _attrs_class(entry: Entry, name: str) -> type:

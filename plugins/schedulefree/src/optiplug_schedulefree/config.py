@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import partial
 from typing import Any
 
 import attrs
@@ -19,6 +20,8 @@ from optiplug.validators import (
     Validator,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -91,11 +94,20 @@ def _config_class(item: Entry) -> type:
     }
     cls = attrs.make_class(f"{item.cls}Config", fields, frozen=True)
     cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of schedulefree's {item.cls} ({item.name})."
+    cls.__doc__ = _doc(item)
     return cls
 
 
-CONFIGS: dict[str, type] = {item.name: _config_class(item) for item in CATALOG}
-"""Registered name -> its attrs config class."""
+def _doc(item: Entry) -> str:
+    return f"Hyperparameters of schedulefree's {item.cls} ({item.name})."
 
-globals().update({cls.__name__: cls for cls in CONFIGS.values()})  # importable: they pickle
+
+CONFIGS: dict[str, type] = {
+    item.name: lazy_config(
+        f"{item.cls}Config", partial(_config_class, item), module=__name__, doc=_doc(item)
+    )
+    for item in CATALOG
+}
+"""Registered name -> its config class (an attrs class built on first use)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle

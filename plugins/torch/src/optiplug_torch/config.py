@@ -22,6 +22,8 @@ from optiplug.validators import (
     betas,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -162,9 +164,14 @@ def _config_class(name: str, params: tuple[Param, ...]) -> type:
     return cls
 
 
-CONFIGS: dict[str, type] = {
-    entry.name: _config_class(f"{entry.class_name}Config", entry.params) for entry in ENTRIES
-}
-"""Registered name -> config class (twelve attrs classes: built when the plugin loads)."""
+def _lazy_config(name: str, params: tuple[Param, ...]) -> type:
+    doc = f"Hyperparameters of torch.optim.{name.removesuffix('Config')}."
+    return lazy_config(name, lambda: _config_class(name, params), module=__name__, doc=doc)
 
-globals().update({cls.__name__: cls for cls in CONFIGS.values()})
+
+CONFIGS: dict[str, type] = {
+    entry.name: _lazy_config(f"{entry.class_name}Config", entry.params) for entry in ENTRIES
+}
+"""Registered name -> config class (an attrs class built on first use)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle

@@ -7,6 +7,7 @@ One attrs config class per catalogue entry, built from the table in
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import attrs
@@ -18,6 +19,8 @@ from optiplug.validators import (
     betas,
     boolean,
     hyperparameter,
+    lazy_config,
+    lazy_config_lookup,
     learning_rate,
     non_negative,
     positive,
@@ -55,14 +58,26 @@ def _config_class(item: Entry) -> type:
     name = f"{item.cls.lstrip('_')}Config"
     cls = attrs.make_class(name, fields, frozen=True)
     cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of torchao's {item.cls} ({item.name})."
+    cls.__doc__ = _doc(item)
     return cls
 
 
-CONFIGS: dict[str, type] = {item.name: _config_class(item) for item in CATALOG}
-"""Registered name -> its attrs config class."""
+def _doc(item: Entry) -> str:
+    return f"Hyperparameters of torchao's {item.cls} ({item.name})."
 
-globals().update({cls.__name__: cls for cls in CONFIGS.values()})  # importable: they pickle
+
+CONFIGS: dict[str, type] = {
+    item.name: lazy_config(
+        f"{item.cls.lstrip('_')}Config",
+        partial(_config_class, item),
+        module=__name__,
+        doc=_doc(item),
+    )
+    for item in CATALOG
+}
+"""Registered name -> its config class (an attrs class built on first use)."""
+
+__getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle
 
 
 def config_of(name: str) -> type:
