@@ -18,8 +18,11 @@ and its own intra-op threads, which slows the bandwidth-bound candidates
 unequally and measures something other than preemption.
 
 It prints, per repeat, the step from which every step ran the bench's best
-implementation, and the median of steps 20-25 (1-based; ``--window``) over
-the bench's best; then the median of those over ``--repeats``.
+implementation, the median of steps 20-25 (1-based; ``--window``) over
+the bench's best, and the bench time of the implementation step 20 ran over
+the best's (1.00 when the chooser runs the best: the step-time ratio also
+carries the spinners' preemption, which differs between the two processes);
+then the median of those over ``--repeats``.
 ``--no-load`` runs the same without spinners.
 
     python benchmarks/bench_chooser_under_load.py                # 2 spinners, 3 repeats
@@ -95,7 +98,10 @@ def _once(args: argparse.Namespace) -> dict:
     best = min(bench["ms"], key=bench["ms"].__getitem__)
     low, high = args.window
     window = [seconds for seconds, _ in first["steps"][low - 1 : high]]
+    at_low = first["steps"][low - 1][1]  # the implementation step ``low`` ran
     return {
+        "at_window": at_low,
+        "impl_ratio": bench["ms"][at_low] / bench["ms"][best],
         "steps": first["steps"],
         "bench": bench,
         "best": best,
@@ -114,7 +120,8 @@ def _report(run: dict, index: int, window: list[int]) -> None:
         f"repeat {index}: bench ms {bench} (bench's impl=None: {run['bench']['pick']}); "
         f"create ran {' -> '.join(changes)}; on {run['best']} from step "
         f"{None if run['reached'] is None else run['reached'] + 1}; "
-        f"steps {window[0]}-{window[1]} median {run['ratio']:.2f}x the bench's best"
+        f"steps {window[0]}-{window[1]} median {run['ratio']:.2f}x the bench's best; "
+        f"step {window[0]} ran {run['at_window']}, {run['impl_ratio']:.2f}x the best in the bench"
     )
 
 
@@ -143,9 +150,12 @@ def main() -> None:
             _report(runs[-1], index, args.window)
     reached = [run["reached"] for run in runs]
     ratios = [run["ratio"] for run in runs]
+    chosen = [run["impl_ratio"] for run in runs]
     print(
         f"summary: best reached at step {[None if r is None else r + 1 for r in reached]}, "
-        f"median ratio {statistics.median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)})"
+        f"median ratio {statistics.median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); "
+        f"the implementation run at step {args.window[0]} is "
+        f"{', '.join(f'{r:.2f}' for r in chosen)}x the bench's best (its own bench time)"
     )
     if args.json:
         print(json.dumps(runs))

@@ -122,3 +122,29 @@ def test_incompatible_plugin_is_reported(make_dist) -> None:
     plugins = {p["name"]: p for p in json.loads(python(LIST_JSON, future).stdout)["plugins"]}
     assert plugins["future"]["status"] == "incompatible"
     assert "API 2" in plugins["future"]["error"]
+
+
+LEADERBOARD = (
+    "import optiplug.cli, sys; sys.exit(optiplug.cli.main(['leaderboard', '--only', "
+    "'acme:acme_sgd', '--workloads', 'logistic', '--lrs', '2', '--quiet', '--results', {path!r}]))"
+)
+
+
+def test_a_third_party_optimizer_is_placed_against_the_published_board(
+    make_dist, tmp_path: Path
+) -> None:
+    from optiplug._board.board import published_records
+
+    acme = make_dist("optiplug-acme", ACME_PLUGIN.format(api=1))
+    out = python(LEADERBOARD.format(path=str(tmp_path / "acme.jsonl")), acme)
+    assert out.returncode == 0, out.stderr[-2000:]
+    published = {
+        r["optimizer"]
+        for r in published_records()
+        if r.get("kind") == "run" and r.get("workload") == "logistic"
+    }
+    heading = next(line for line in out.stdout.splitlines() if line.startswith("logistic"))
+    place, total = heading.split("acme_sgd: ", 1)[1].rstrip(")").split(" of ")
+    assert int(total) == len(published | {"acme_sgd"})  # among every published entry
+    assert 1 <= int(place) <= int(total)
+    assert "acme_sgd" in out.stdout.split(heading, 1)[1]  # its row is shown, whatever its place

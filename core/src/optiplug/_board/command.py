@@ -122,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    # marked: what --only/--provider selected, under the catalogue names its records carry
+    # (``acme:acme_sgd`` on the command line is recorded as ``acme_sgd`` where that is unique)
     mine = {r["optimizer"] for r in board.records if r.get("kind") == "run"}
-    mark = set(args.only) & mine if args.only else set()
+    mark = mine if args.only or args.provider else set()
     if args.against == "published":
         own = {
             (r.get("optimizer"), r.get("workload"), r.get("lr"), r.get("seed"))
