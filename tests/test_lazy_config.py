@@ -72,9 +72,7 @@ def test_lazy_config_builds_once_on_first_use_and_behaves_as_the_attrs_class(
 
 def _lazy_specs() -> list[str]:
     return [
-        name
-        for name in optiplug.optimizers()
-        if isinstance(optiplug.spec(name).config, LazyConfig)
+        name for name in optiplug.optimizers() if isinstance(optiplug.spec(name).config, LazyConfig)
     ]
 
 
