@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from bridge_steps import run, same
 
 import optiplug
 from optiplug import checkpoint, testing
@@ -45,23 +46,6 @@ def groups(model: torch.nn.Sequential, **projection: Any) -> list[Any]:
     }
     matrices = [model[0].weight, model[2].weight]
     return [{"params": [model[0].bias, model[2].bias]}, {"params": matrices, **keys}]
-
-
-def run(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
-    for step in range(first, first + count):
-        generator = torch.Generator().manual_seed(step)
-        inputs, targets = (
-            torch.randn(5, 8, generator=generator),
-            torch.randn(5, 3, generator=generator),
-        )
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-
-
-def same(left: torch.nn.Module, right: torch.nn.Module) -> bool:
-    pairs = zip(left.parameters(), right.parameters(), strict=True)
-    return all(torch.equal(a, b) for a, b in pairs)
 
 
 VARIANTS = [

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from bridge_steps import run, same
 
 import optiplug
 from optiplug import checkpoint, testing
@@ -46,22 +47,6 @@ def groups(model: torch.nn.Sequential, proj_type: str = "std", **extra: Any) -> 
     vectors = [model[0].bias, model[2].bias]
     projected = {"rank": 2, "update_proj_gap": GAP, "scale": 0.25, "proj_type": proj_type}
     return [{"params": matrices, **projected, **extra}, {"params": vectors}]
-
-
-def run(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
-    for step in range(first, first + count):
-        generator = torch.Generator().manual_seed(step)
-        device = next(model.parameters()).device
-        inputs = torch.randn(5, 8, generator=generator).to(device)
-        targets = torch.randn(5, 3, generator=generator).to(device)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-
-
-def same(left: torch.nn.Module, right: torch.nn.Module) -> bool:
-    pairs = zip(left.parameters(), right.parameters(), strict=True)
-    return all(torch.equal(a, b) for a, b in pairs)
 
 
 KEYWORDS = {"galore_adamw": {"lr": 0.01}, "galore_adafactor": {"lr": 0.01, "relative_step": False}}
