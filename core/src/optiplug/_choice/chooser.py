@@ -38,8 +38,9 @@ the parameters' sizes, dtype and device, torch's version, the device's name
 and torch's thread count, and a later process with the same key takes it
 from there without measuring (its measurement record says
 ``source="cache"``). Only a complete measurement that the rounds trust
-(:attr:`~.timing.Measurement.trusted`) is kept or written; in the
-background one in doubt is measured once more. In the
+(:attr:`~.timing.Measurement.trusted`) is written; in the background one
+in doubt is measured once more, and the best guess of that second
+measurement is kept for this process only. In the
 background, one left provisional because a candidate ran out of warm-up time
 (a first compilation) is measured again once that warm-up is done; nothing
 is measured at exit, where a compilation can fail or abort the interpreter.
@@ -602,8 +603,14 @@ class ImplementationChooser:
                 self._decisions[question.key] = stored
         return stored
 
-    def _measured_choice(self, question: Question) -> Decision:
-        """Measure now; keep the choice (unless provisional) and write it to the cache file."""
+    def _measured_choice(self, question: Question, *, last_try: bool = False) -> Decision:
+        """Measure now; keep the choice (unless provisional) and write it to the cache file.
+
+        A choice still in doubt on the ``last_try`` is kept for the rest of
+        this process (so every optimizer it creates for these parameters
+        runs the same kernel), but never written to the cache file: another
+        process measures for itself.
+        """
         where = cache_key(question)
         found = self.measure(
             question.algorithm,
@@ -612,10 +619,10 @@ class ImplementationChooser:
             question.hparams,
             config=question.config,
         )
-        keep = found.trusted and not found.late  # a provisional or doubtful one is not kept
+        keep = found.trusted and not found.late  # a provisional or doubtful one is not stored
         with self._lock:
             self._measurements[question.key] = found
-            if keep:
+            if keep or (last_try and not found.late):
                 self._decisions[question.key] = (found.winner, found.timings)
         if where is not None and keep:
             fields, file = where
@@ -651,7 +658,7 @@ class ImplementationChooser:
             if found.late:  # a first compilation outlasted its budget
                 tuning.winner = self._measured_again(question)
             elif not found.trusted:  # contention left it in doubt: once more, then the best guess
-                tuning.winner = self._measured_choice(question)[0]
+                tuning.winner = self._measured_choice(question, last_try=True)[0]
         except Cancelled:  # the interpreter is exiting: keep the ready implementation
             pass
         except Exception as error:  # keep the ready implementation; say why once
