@@ -148,8 +148,9 @@ def warn_if_another_implementation(saved: object, optimizer: torch.optim.Optimiz
     Two implementations of one algorithm (``foreach`` and ``fused``) agree to
     rounding, not bit for bit, so the resumed run then continues, but not
     bit-identically. It happens when the implementation is chosen by
-    measurement and the near-equal candidates' order changed (the chooser
-    keeps no choice it doubts); forcing ``impl=`` makes a resume bit-identical.
+    measurement and the near-equal candidates' order changed between the
+    saving process and this one (the chooser writes no choice it doubts to
+    the cache file); forcing ``impl=`` makes a resume bit-identical.
     """
     current = getattr(optimizer, "impl", None)
     if isinstance(saved, str) and isinstance(current, str) and saved != current:
