@@ -187,17 +187,6 @@ def eight_bit_network() -> torch.nn.Sequential:
                                torch.nn.Tanh(), torch.nn.Linear(64, 3))  # fmt: skip
 
 
-def run_wide(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
-    for step in range(first, first + count):
-        generator = torch.Generator().manual_seed(step)
-        device = next(model.parameters()).device
-        inputs = torch.randn(5, 8, generator=generator).to(device)
-        targets = torch.randn(5, 3, generator=generator).to(device)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-
-
 def eight_bit_groups(model: torch.nn.Sequential) -> list[Any]:
     projected = {"rank": 4, "update_proj_gap": GAP, "scale": 0.25, "proj_type": "std"}
     square = model[2].weight
@@ -213,8 +202,8 @@ def test_the_8bit_class_without_projection_is_bitsandbytes_adamw8bit() -> None:
     left, right = eight_bit_network(), eight_bit_network()
     mine = optiplug.create("galore:galore_adamw_8bit", left.parameters(), lr=0.01)
     theirs = bnb.optim.AdamW8bit(right.parameters(), lr=0.01)
-    run_wide(mine, left, 0, 4)
-    run_wide(theirs, right, 0, 4)
+    run(mine, left, 0, 4)
+    run(theirs, right, 0, 4)
     assert same(left, right)
     assert mine.state[left[2].weight]["state1"].dtype == torch.uint8  # 8-bit state ran
 
@@ -227,17 +216,17 @@ def test_the_8bit_class_is_bit_equal_to_the_library_and_resumes(tmp_path: Path) 
     left, right = eight_bit_network(), eight_bit_network()
     mine = optiplug.create("galore:galore_adamw_8bit", eight_bit_groups(left), lr=0.01)
     theirs = galore_torch.GaLoreAdamW8bit(eight_bit_groups(right), lr=0.01)
-    run_wide(mine, left, 0, 3)
+    run(mine, left, 0, 3)
     with without_cuda_synchronize():
-        run_wide(theirs, right, 0, 3)
+        run(theirs, right, 0, 3)
     assert same(left, right)
     checkpoint.save(tmp_path / "ckpt", mine)
     twin = eight_bit_network()
     twin.load_state_dict(left.state_dict())
     resumed = optiplug.create("galore:galore_adamw_8bit", eight_bit_groups(twin), lr=0.01)
     assert checkpoint.load(tmp_path / "ckpt", resumed).problems == ()
-    run_wide(mine, left, 3, 3)
-    run_wide(resumed, twin, 3, 3)
+    run(mine, left, 3, 3)
+    run(resumed, twin, 3, 3)
     assert same(left, twin)
 
 
