@@ -15,9 +15,9 @@ import torch
 
 def run(optimizer: Any, model: torch.nn.Module, first: int, count: int) -> None:
     """Take steps ``first .. first + count - 1`` of mean-squared error on seeded batches."""
+    device = next(model.parameters()).device
     for step in range(first, first + count):
         generator = torch.Generator().manual_seed(step)
-        device = next(model.parameters()).device
         inputs = torch.randn(5, 8, generator=generator).to(device)
         targets = torch.randn(5, 3, generator=generator).to(device)
         optimizer.zero_grad()

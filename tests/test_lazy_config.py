@@ -38,9 +38,7 @@ def _module_with_lazy_config() -> tuple[types.ModuleType, list[int]]:
     def build() -> type:
         builds.append(1)
         fields = {"lr": hyperparameter(1e-3, learning_rate, "finite, >= 0")}
-        cls = attrs.make_class("AcmeConfig", fields, frozen=True)
-        cls.__module__ = module.__name__
-        return cls
+        return attrs.make_class("Unnamed", fields, frozen=True)  # the stand-in names it
 
     stand_in = lazy_config("AcmeConfig", build, module=module.__name__, doc="Acme's keywords.")
     module.CONFIG = stand_in  # type: ignore[attr-defined]
@@ -58,6 +56,9 @@ def test_lazy_config_builds_once_on_first_use_and_behaves_as_the_attrs_class(
     config = stand_in(lr=0.5)
     assert builds == [1]
     assert isinstance(config, stand_in) and config.lr == 0.5
+    built = type(config)
+    assert (built.__name__, built.__qualname__) == ("AcmeConfig", "AcmeConfig")
+    assert (built.__module__, built.__doc__) == ("acme_lazy_config", "Acme's keywords.")
     assert [field.name for field in attrs.fields(stand_in)] == ["lr"]
     assert attrs.has(stand_in) and builds == [1]
     with pytest.raises(HyperparameterError, match="lr"):

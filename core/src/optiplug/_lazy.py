@@ -81,10 +81,17 @@ class LazyConfig(type):
         return isinstance(instance, cls.built())
 
     def built(cls) -> type:
-        """The attrs class (built on the first call)."""
+        """The attrs class (built on the first call).
+
+        It is given the stand-in's name, module and docstring, so that
+        :func:`lazy_config_lookup` serves it under that name and its
+        instances pickle.
+        """
         real: type | None = cls.__dict__.get("__optiplug_built")
         if real is None:
             real = cls.__dict__["__optiplug_build"]()
+            real.__name__ = real.__qualname__ = cls.__name__
+            real.__module__, real.__doc__ = cls.__module__, cls.__doc__
             type.__setattr__(cls, "__optiplug_built", real)
         return real
 
@@ -93,12 +100,11 @@ def lazy_config(name: str, build: Callable[[], type], *, module: str, doc: str =
     """A stand-in config class that calls ``build`` for the attrs class on first use.
 
     Args:
-        name: the class name (``build`` should give its class the same
-            name and ``__module__``, so that :func:`lazy_config_lookup` can
-            serve it and its instances pickle).
+        name: the class name, given to the built class too.
         build: makes the attrs config class (``attrs.make_class(...)``).
-        module: the module the class belongs to (``__name__``).
-        doc: the class docstring, shown before the class is built.
+        module: the module the class belongs to (``__name__``), where
+            :func:`lazy_config_lookup` serves it.
+        doc: the class docstring, before and after it is built.
 
     Returns:
         A class of metaclass :class:`LazyConfig`.

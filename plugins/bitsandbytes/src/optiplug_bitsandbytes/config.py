@@ -8,6 +8,7 @@ One attrs config class per catalogue entry, built from the table in
 from __future__ import annotations
 
 import numbers
+from functools import partial
 from typing import Any
 
 import attrs
@@ -125,23 +126,15 @@ def _field(param: Param) -> Any:
     return hyperparameter(param.default, validator, constraint)
 
 
-def _config_class(item: Entry) -> type:
+def _config_class(item: Entry, name: str) -> type:
     fields = {p.name: _field(p) for p in item.params}
-    cls = attrs.make_class(f"{item.cls}Config", fields, frozen=True)
-    cls.__module__ = __name__
-    cls.__doc__ = _doc(item)
-    return cls
-
-
-def _doc(item: Entry) -> str:
-    return f"Hyperparameters of bitsandbytes' {item.cls} ({item.name})."
+    return attrs.make_class(name, fields, frozen=True)
 
 
 def _lazy_config(item: Entry) -> type:
-    """The entry's config class, built on first use (list time builds none)."""
-    return lazy_config(
-        f"{item.cls}Config", lambda: _config_class(item), module=__name__, doc=_doc(item)
-    )
+    """The entry's config class, built on first use (``optiplug list`` builds none)."""
+    name, doc = f"{item.cls}Config", f"Hyperparameters of bitsandbytes' {item.cls} ({item.name})."
+    return lazy_config(name, partial(_config_class, item, name), module=__name__, doc=doc)
 
 
 CONFIGS: dict[str, type] = {item.name: _lazy_config(item) for item in CATALOG}

@@ -113,28 +113,22 @@ def _adafactor_rules(config: Any) -> None:
         raise HyperparameterError("warmup_init", True, "needs relative_step=True")
 
 
-def _config_class(item: Entry) -> type:
+def _config_class(item: Entry, name: str) -> type:
     fields = {
         p.name: hyperparameter(p.default, CHECKS[p.check][0], CHECKS[p.check][1])
         for p in item.params
     }
     body = {"__attrs_post_init__": _adafactor_rules} if "relative_step" in fields else None
-    cls = attrs.make_class(f"{item.cls}Config", fields, class_body=body, frozen=True)
-    cls.__module__ = __name__
-    cls.__doc__ = _doc(item)
-    return cls
+    return attrs.make_class(name, fields, class_body=body, frozen=True)
 
 
-def _doc(item: Entry) -> str:
-    return f"Hyperparameters of galore_torch's {item.cls} ({item.name})."
+def _lazy_config(item: Entry) -> type:
+    """The entry's config class, built on first use (``optiplug list`` builds none)."""
+    name, doc = f"{item.cls}Config", f"Hyperparameters of galore_torch's {item.cls} ({item.name})."
+    return lazy_config(name, partial(_config_class, item, name), module=__name__, doc=doc)
 
 
-CONFIGS: dict[str, type] = {
-    item.name: lazy_config(
-        f"{item.cls}Config", partial(_config_class, item), module=__name__, doc=_doc(item)
-    )
-    for item in CATALOG
-}
+CONFIGS: dict[str, type] = {item.name: _lazy_config(item) for item in CATALOG}
 """Registered name -> its config class (an attrs class built on first use)."""
 
 __getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle

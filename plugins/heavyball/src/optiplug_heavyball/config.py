@@ -129,10 +129,7 @@ def _field(default: Any, rule: str) -> Any:
 
 def _config_class(name: str, params: tuple[Param, ...]) -> type:
     fields = {param.name: _field(param.default, param.rule) for param in params}
-    cls = attrs.make_class(name, fields, frozen=True, repr=False, eq=False)
-    cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of heavyball's {name.removesuffix('Config')}."
-    return cls
+    return attrs.make_class(name, fields, frozen=True, repr=False, eq=False)
 
 
 def _lazy_config(name: str, params: tuple[Param, ...]) -> type:

@@ -188,6 +188,4 @@ def _attrs_class(entry: Entry, name: str) -> type:
         if param.default is REQUIRED:
             text = f"required; {text}" if text else "required"
         fields[param.name] = hyperparameter(param.default, _validator(param), text)
-    cls = attrs.make_class(name, fields, frozen=True, kw_only=True)
-    cls.__module__ = __name__
-    return cls
+    return attrs.make_class(name, fields, frozen=True, kw_only=True)

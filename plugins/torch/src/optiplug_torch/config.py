@@ -158,10 +158,7 @@ RULES: dict[str, tuple[Check, str]] = {
 
 def _config_class(name: str, params: tuple[Param, ...]) -> type:
     fields = {p.name: hyperparameter(p.default, RULES[p.rule][0], RULES[p.rule][1]) for p in params}
-    cls = attrs.make_class(name, fields, frozen=True, kw_only=True)
-    cls.__module__ = __name__
-    cls.__doc__ = f"Hyperparameters of torch.optim.{name.removesuffix('Config')}."
-    return cls
+    return attrs.make_class(name, fields, frozen=True, kw_only=True)
 
 
 def _lazy_config(name: str, params: tuple[Param, ...]) -> type:

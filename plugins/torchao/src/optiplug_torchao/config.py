@@ -50,31 +50,22 @@ CHECKS: dict[str, tuple[Validator, str]] = {
 """``Param.check`` -> (validator, constraint text shown by ``optiplug show``)."""
 
 
-def _config_class(item: Entry) -> type:
+def _config_class(item: Entry, name: str) -> type:
     fields = {
         p.name: hyperparameter(p.default, CHECKS[p.check][0], CHECKS[p.check][1])
         for p in item.params
     }
+    return attrs.make_class(name, fields, frozen=True)
+
+
+def _lazy_config(item: Entry) -> type:
+    """The entry's config class, built on first use (``optiplug list`` builds none)."""
     name = f"{item.cls.lstrip('_')}Config"
-    cls = attrs.make_class(name, fields, frozen=True)
-    cls.__module__ = __name__
-    cls.__doc__ = _doc(item)
-    return cls
+    doc = f"Hyperparameters of torchao's {item.cls} ({item.name})."
+    return lazy_config(name, partial(_config_class, item, name), module=__name__, doc=doc)
 
 
-def _doc(item: Entry) -> str:
-    return f"Hyperparameters of torchao's {item.cls} ({item.name})."
-
-
-CONFIGS: dict[str, type] = {
-    item.name: lazy_config(
-        f"{item.cls.lstrip('_')}Config",
-        partial(_config_class, item),
-        module=__name__,
-        doc=_doc(item),
-    )
-    for item in CATALOG
-}
+CONFIGS: dict[str, type] = {item.name: _lazy_config(item) for item in CATALOG}
 """Registered name -> its config class (an attrs class built on first use)."""
 
 __getattr__ = lazy_config_lookup(CONFIGS.values())  # importable by name: instances pickle
