@@ -1,7 +1,7 @@
 """8-bit AdamW state on the ``optiplug train`` job: optiplug's int8, torchao's and bitsandbytes'.
 
 Four runs of the same ``optiplug train`` job (the character-level language
-model of ``optiplug._train``, same seed, data and schedule): optiplug's
+model of ``optiplug_train``, same seed, data and schedule): optiplug's
 ``adamw`` in fp32 (the reference), optiplug's ``adamw`` with
 ``state_precision="int8"``, ``torchao:adamw8bit`` (through the torchao
 bridge) and ``bitsandbytes:adamw8bit`` (through the bitsandbytes bridge).
@@ -37,9 +37,9 @@ import attrs
 import torch
 
 import optiplug
-from optiplug._train.config import TrainConfig
-from optiplug._train.data import load_corpus
-from optiplug._train.loop import seeded_model, train
+from optiplug_train.config import TrainConfig
+from optiplug_train.data import load_corpus
+from optiplug_train.loop import seeded_model, train
 
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "adamw fp32 (reference)": ("adamw", {}),

@@ -35,8 +35,8 @@ from bench_graph_overhead import measure  # interleaved rounds, as the other ben
 from torch.utils.data import DataLoader
 
 import optiplug
-from optiplug._train.data import Windows, load_corpus
-from optiplug._train.model import CharTransformer, next_token_loss
+from optiplug_train.data import Windows, load_corpus
+from optiplug_train.model import CharTransformer, next_token_loss
 
 WORLD = 2
 MODELS = {"train default (3 x 96)": 96, "wider (3 x 384)": 384}

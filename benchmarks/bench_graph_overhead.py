@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 import optiplug
-from optiplug._train.data import Windows, load_corpus
-from optiplug._train.model import CharTransformer, next_token_loss
+from optiplug_train.data import Windows, load_corpus
+from optiplug_train.model import CharTransformer, next_token_loss
 
 HPARAMS = {"lr": 1e-3, "weight_decay": 0.01}
 

@@ -34,12 +34,12 @@ from typing import Any
 import torch
 
 import optiplug
-from optiplug._train.config import TrainConfig
-from optiplug._train.data import load_corpus
-from optiplug._train.loop import build_graph
-from optiplug._train.model import next_token_loss
 from optiplug.base import LOW_RANK, QuantizedState
 from optiplug_muon import orthogonalize
+from optiplug_train.config import TrainConfig
+from optiplug_train.data import load_corpus
+from optiplug_train.loop import build_graph
+from optiplug_train.model import next_token_loss
 
 STORAGES: dict[str, tuple[str, bool, int]] = {
     "int8 linear + rank-4 factors (shipped)": ("int8", True, LOW_RANK),

@@ -104,13 +104,16 @@ def _project(source: Path) -> dict[str, object]:
     return project
 
 
-def plugin_name(source: Path) -> str:
-    """The entry-point name a plugin distribution registers in ``optiplug.plugins``."""
+def plugin_name(source: Path) -> str | None:
+    """The entry-point name a plugin distribution registers in ``optiplug.plugins``.
+
+    None for a library distribution that registers none (the integrations).
+    """
     entry_points = _project(source).get("entry-points", {})
     names = list(entry_points.get("optiplug.plugins", {})) if isinstance(entry_points, dict) else []
-    if len(names) != 1:
-        raise SystemExit(f"wheels: {source} must name exactly one optiplug.plugins entry point")
-    return str(names[0])
+    if len(names) > 1:
+        raise SystemExit(f"wheels: {source} must name at most one optiplug.plugins entry point")
+    return str(names[0]) if names else None
 
 
 def build(source: Path, out: Path) -> None:
@@ -182,6 +185,8 @@ def discover(target: Path, dists: dict[str, Path]) -> list[str]:
         if dist == "optiplug":
             continue
         name = plugin_name(source)
+        if name is None:
+            continue
         row = found.get(name, {})
         if row.get("status") != "active" or row.get("distribution") != dist:
             problems.append(f"plugin {name}: {row.get('status', 'missing')} ({row})")
@@ -221,10 +226,11 @@ def main(argv: list[str]) -> int:
         for line in problems:
             print(f"wheels: {line}", file=sys.stderr)
         seconds = time.perf_counter() - started
+        plugins = [d for d, s in dists.items() if d != "optiplug" and plugin_name(s) is not None]
         verdict = f"{len(problems)} problems" if problems else "all checks pass"
         print(
             f"wheels: {len(sdists)} sdists and {len(wheels)} wheels of {len(dists)} distributions "
-            f"(twine check --strict; LICENSE, py.typed, README); {len(dists) - 1} plugins "
+            f"(twine check --strict; LICENSE, py.typed, README); {len(plugins)} plugins "
             f"expected from the wheels: {verdict} ({seconds:.0f} s)"
         )
         if problems:

@@ -1,6 +1,6 @@
 """Write the table of ``TrainingArguments(optim=...)`` names in ``docs/integrations.md``.
 
-The table is what :func:`optiplug.integrations.transformers.hf_optimizers`
+The table is what :func:`optiplug_integrations.transformers.hf_optimizers`
 reads from the installed plugins' declarations and transformers' own
 ``OptimizerNames``: one row per name, with the algorithm that serves it
 (the first installed route), its distribution and how it differs, or why
@@ -29,7 +29,7 @@ def _cell(text: str) -> str:
 
 def table() -> str:
     """The generated block: a summary sentence and one row per transformers name."""
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     found = hf_optimizers()
     served = [name for name, entry in found.items() if entry.routes]

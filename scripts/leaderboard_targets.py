@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import optiplug
-from optiplug._board.targets import derive
+from optiplug_train.board.targets import derive
 
 if __name__ == "__main__":
     found = derive(optiplug.default_registry())

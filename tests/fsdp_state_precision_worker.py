@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import optiplug
-from optiplug._train.model import CharTransformer, next_token_loss
+from optiplug_train.model import CharTransformer, next_token_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_worker import Windows

@@ -34,8 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import optiplug
 from optiplug._graph.fsdp import unit_names
-from optiplug._train.model import CharTransformer, next_token_loss
 from optiplug.errors import GraphError, HyperparameterError
+from optiplug_train.model import CharTransformer, next_token_loss
 
 TIMEOUT = datetime.timedelta(seconds=60)
 VOCAB, BLOCK, LAYERS, WIDTH, HEADS = 11, 8, 2, 16, 2

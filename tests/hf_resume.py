@@ -59,7 +59,7 @@ def run_trainer(
     """
     from transformers import Trainer, TrainingArguments
 
-    from optiplug.integrations.transformers import optimizer_cls_and_kwargs
+    from optiplug_integrations.transformers import optimizer_cls_and_kwargs
 
     arguments = TrainingArguments(
         output_dir=str(output_dir),

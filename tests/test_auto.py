@@ -401,7 +401,7 @@ def test_finetuning_never_proposes_muon(stage: str | None, n: int | None, task: 
 
 
 def test_train_job_asks_for_pretraining() -> None:
-    from optiplug._train.optim import resolve_optimizer
+    from optiplug_train.optim import resolve_optimizer
 
     registry = optiplug.Registry(disabled=["muon"])
     model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))

@@ -16,7 +16,7 @@ import torch
 import optiplug
 from optiplug import cli
 from optiplug._choice.chooser import chooser_of
-from optiplug.cli.bench import available_memory, bytes_per_parameter, memory_needed
+from optiplug_devtools.bench import available_memory, bytes_per_parameter, memory_needed
 
 SMALL = ["--params", "64K", "--tensors", "4", "--steps", "3"]
 

@@ -334,7 +334,7 @@ def test_memory_report_counts_the_real_bytes(registry: optiplug.Registry, name: 
 def test_hf_names_route_to_the_state_they_name() -> None:
     """Through the installed registry: every bitsandbytes name goes to this bridge first."""
     pytest.importorskip("transformers")
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     table = hf_optimizers()
     for optim, (name, _) in plugin.HF_OPTIM.items():
@@ -348,7 +348,7 @@ def test_hf_trainer_with_adamw_bnb_8bit_keeps_uint8_codes(tmp_path: Path) -> Non
     pytest.importorskip("transformers")
     from transformers import Trainer, TrainingArguments
 
-    from optiplug.integrations.transformers import from_training_args
+    from optiplug_integrations.transformers import from_training_args
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:

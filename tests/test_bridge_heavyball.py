@@ -256,7 +256,7 @@ def test_hugging_face_trainer_resume_is_bit_equal(name: str, tmp_path: Path) -> 
     it back with ``torch.load``; its model is rebuilt from the same seed.
     """
     transformers = pytest.importorskip("transformers")
-    from optiplug.integrations.transformers import optimizer_cls_and_kwargs
+    from optiplug_integrations.transformers import optimizer_cls_and_kwargs
 
     def run(where: Path, resume: str | None = None) -> torch.nn.Module:
         torch.manual_seed(0)

@@ -515,7 +515,7 @@ def test_hf_trainer_resume_is_bit_equal(name: str, tmp_path: Path) -> None:
     from test_integration_transformers import STEPS, Tokens, arguments, tiny_gpt2
     from transformers import Trainer
 
-    from optiplug.integrations.transformers import optimizer_cls_and_kwargs
+    from optiplug_integrations.transformers import optimizer_cls_and_kwargs
 
     def trainer(output_dir: Path) -> Trainer:
         # provider= rather than "pytorch_optimizer:soap": the qualified name loses its

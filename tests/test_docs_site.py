@@ -48,9 +48,9 @@ EXPECTED = {
     "api/testing/index.html": ["optiplug.testing.conformance_cases"],
     "api/builtin_schedules/index.html": ["optiplug.builtin_schedules.CosineSchedule"],
     "api/integrations_transformers/index.html": [
-        "optiplug.integrations.transformers.optimizer_cls_and_kwargs"
+        "optiplug_integrations.transformers.optimizer_cls_and_kwargs"
     ],
-    "api/integrations_layerwise/index.html": ["optiplug.integrations.layerwise.LayerwiseOptimizer"],
+    "api/integrations_layerwise/index.html": ["optiplug_integrations.layerwise.LayerwiseOptimizer"],
 }
 
 

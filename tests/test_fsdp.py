@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import optiplug
-from optiplug._train.config import TrainConfig
-from optiplug._train.model import next_token_loss
 from optiplug.cli import main
 from optiplug.errors import GraphError, HyperparameterError
+from optiplug_train.config import TrainConfig
+from optiplug_train.model import next_token_loss
 
 pytestmark = [
     pytest.mark.slow,

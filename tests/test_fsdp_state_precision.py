@@ -22,8 +22,8 @@ import torch
 
 import optiplug
 from optiplug._state.codec import MIN_QUANTIZED_NUMEL, dynamic_table
-from optiplug._train.model import next_token_loss
 from optiplug.base import LOW_RANK
+from optiplug_train.model import next_token_loss
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,7 +15,7 @@ import lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 
 import optiplug
-from optiplug.integrations.lightning import ScheduleFreeMode
+from optiplug_integrations.lightning import ScheduleFreeMode
 
 
 def _loader(seed: int, size: int) -> DataLoader[Any]:

@@ -1,4 +1,4 @@
-"""``optiplug.integrations.timm.register()``: every optiplug name in timm's optimizer registry.
+"""``optiplug_integrations.timm.register()``: every optiplug name in timm's optimizer registry.
 
 timm needs torchvision, which does not load beside every torch build, and
 a ``--no-deps`` install of timm does not import either (``timm.optim``'s
@@ -26,8 +26,8 @@ import torch
 
 import optiplug
 from optiplug.errors import HyperparameterError
-from optiplug.integrations import timm as optiplug_timm
 from optiplug.validators import hyperparameters_of
+from optiplug_integrations import timm as optiplug_timm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +190,7 @@ def test_import_imports_no_torch_nor_timm_and_scans_no_entry_points() -> None:
         "calls = []\n"
         "real = md.entry_points\n"
         "md.entry_points = lambda *a, **k: calls.append(k) or real(*a, **k)\n"
-        "import optiplug.integrations.timm\n"
+        "import optiplug_integrations.timm\n"
         "mods = [m for m in ('torch', 'timm') if m in sys.modules]\n"
         "print(json.dumps({'calls': len(calls), 'modules': mods}))\n"
     )

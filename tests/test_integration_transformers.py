@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 import optiplug
 import optiplug.testing
 from optiplug.errors import HyperparameterError, UnknownOptimizerError
-from optiplug.integrations.transformers import (
+from optiplug_integrations.transformers import (
     TrainerOptimizer,
     from_training_args,
     optimizer_cls_and_kwargs,
@@ -137,7 +137,7 @@ def test_training_arguments_translate(tmp_path: Path) -> None:
 def test_every_transformers_optim_name_is_mapped_served_or_explained(tmp_path: Path) -> None:
     from transformers.training_args import OptimizerNames
 
-    from optiplug.integrations.transformers import HF_OPTIMIZERS
+    from optiplug_integrations.transformers import HF_OPTIMIZERS
 
     names = {str(name.value) for name in OptimizerNames}
     assert names == set(HF_OPTIMIZERS)  # every name transformers knows, no more
@@ -212,7 +212,7 @@ def test_a_selection_is_accepted_as_is() -> None:
 
 
 def _served() -> list[str]:
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     return [optim for optim, entry in hf_optimizers().items() if entry.routes]
 
@@ -233,7 +233,7 @@ def test_every_served_optim_name_trains_two_steps_in_the_trainer(
     import math
     import warnings
 
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     registry = optiplug.default_registry()
     route = next(r for r in hf_optimizers()[optim].routes if registry.has(r.name))
@@ -367,7 +367,7 @@ def test_optim_args_optiplug_cannot_compute_are_refused(
 
 
 def test_every_low_rank_and_layer_wise_name_is_served_and_only_devices_are_not() -> None:
-    from optiplug.integrations.transformers import HF_OPTIMIZERS
+    from optiplug_integrations.transformers import HF_OPTIMIZERS
 
     unserved = sorted(optim for optim, entry in HF_OPTIMIZERS.items() if not entry.routes)
     assert unserved == ["adamw_torch_npu_fused", "adamw_torch_xla"], unserved
@@ -377,7 +377,7 @@ def test_every_low_rank_and_layer_wise_name_is_served_and_only_devices_are_not()
 
 
 def test_a_layer_wise_name_whose_base_is_not_installed_says_so() -> None:
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     without_apollo = optiplug.Registry(strict=False, disabled={"apollo"})
     entry = hf_optimizers(without_apollo)["apollo_adamw_layerwise"]

@@ -26,8 +26,8 @@ from transformers import Trainer, get_scheduler
 
 import optiplug
 from optiplug.errors import HyperparameterError, StateDictError, UnknownOptimizerError
-from optiplug.integrations.layerwise import LayerwiseOptimizer, layerwise
-from optiplug.integrations.transformers import (
+from optiplug_integrations.layerwise import LayerwiseOptimizer, layerwise
+from optiplug_integrations.transformers import (
     TrainerOptimizer,
     from_training_args,
     hf_optimizers,

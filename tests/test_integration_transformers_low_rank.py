@@ -2,7 +2,7 @@
 
 Each name is built twice on the same tiny Llama (its attention and MLP
 projections are ``nn.Linear``, which is what GaLore and APOLLO project):
-by :func:`~optiplug.integrations.transformers.from_training_args` and by
+by :func:`~optiplug_integrations.transformers.from_training_args` and by
 ``Trainer.get_optimizer_cls_and_kwargs`` with the param groups the Trainer
 passes. The groups must hold the same parameters (by identity) with the
 same keys, and the first steps must leave bit-identical parameters: both
@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 from transformers.trainer_optimizer import _setup_low_rank_optimizer
 
 from optiplug.errors import HyperparameterError
-from optiplug.integrations.transformers import from_training_args, target_parameter_names
+from optiplug_integrations.transformers import from_training_args, target_parameter_names
 
 TARGETS = ["self_attn", "mlp"]
 LOW_RANK = "rank=4,update_proj_gap=2"  # a projection update at the second step

@@ -16,13 +16,14 @@ import attrs
 import pytest
 
 import optiplug
+import optiplug_train
 from optiplug._auto.evidence import MOST_USED, load_evidence
-from optiplug._board.board import published_records
-from optiplug._board.results import ResultsFile, key_of, read_records
-from optiplug._board.summary import rows_of
-from optiplug._board.targets import load_tuned_lrs
-from optiplug._board.workloads import WORKLOADS
-from optiplug._train.stats import mean_interval, welch
+from optiplug_train.board.board import published_records
+from optiplug_train.board.results import ResultsFile, key_of, read_records
+from optiplug_train.board.summary import rows_of
+from optiplug_train.board.targets import load_tuned_lrs
+from optiplug_train.board.workloads import WORKLOADS
+from optiplug_train.stats import mean_interval, welch
 
 pytest.importorskip("sklearn")
 
@@ -42,7 +43,7 @@ def _runs(path: Path) -> list[dict[str, object]]:
 
 def test_smoke_two_optimizers_one_workload(tmp_path: Path) -> None:
     results = tmp_path / "board.jsonl"
-    board = optiplug.leaderboard(
+    board = optiplug_train.leaderboard(
         only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
     )
     records = read_records(results)
@@ -56,7 +57,7 @@ def test_smoke_two_optimizers_one_workload(tmp_path: Path) -> None:
     assert [key_of(r) for r in starts] == [key_of(r) for r in runs]  # a marker before each run
     assert all(r["budget"] == 5 and [s for s, _ in r["curve"]] == [0, 5] for r in runs)
     assert {row.optimizer for row in board.workload("logistic")} == {"adamw", "sgd"}
-    again = optiplug.leaderboard(
+    again = optiplug_train.leaderboard(
         only=["adamw", "sgd"], workloads=["logistic"], steps=5, lrs=2, results=results, stream=None
     )
     assert len([r for r in again.records if r["kind"] == "run"]) == 5  # all skipped: resumed
@@ -64,23 +65,25 @@ def test_smoke_two_optimizers_one_workload(tmp_path: Path) -> None:
 
 def test_bad_input_is_typed_and_named(tmp_path: Path) -> None:
     with pytest.raises(optiplug.errors.HyperparameterError, match="tier"):
-        optiplug.leaderboard(tier="fast", results=tmp_path / "x.jsonl", stream=None)
+        optiplug_train.leaderboard(tier="fast", results=tmp_path / "x.jsonl", stream=None)
     with pytest.raises(optiplug.errors.HyperparameterError, match="workload"):
-        optiplug.leaderboard(only=["sgd"], workloads=["mnist"], results=tmp_path / "x.jsonl")
+        optiplug_train.leaderboard(only=["sgd"], workloads=["mnist"], results=tmp_path / "x.jsonl")
     with pytest.raises(optiplug.errors.UnknownOptimizerError):
-        optiplug.leaderboard(only=["no-such"], workloads=["logistic"], results=tmp_path / "x.jsonl")
+        optiplug_train.leaderboard(
+            only=["no-such"], workloads=["logistic"], results=tmp_path / "x.jsonl"
+        )
     assert not (tmp_path / "x.jsonl").exists() or not read_records(tmp_path / "x.jsonl")
 
 
 def test_torn_last_line_is_ignored_and_redone(tmp_path: Path) -> None:
     results = tmp_path / "board.jsonl"
     kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 2, "stream": None}
-    optiplug.leaderboard(results=results, **kwargs)
+    optiplug_train.leaderboard(results=results, **kwargs)
     whole = _runs(results)
     data = results.read_bytes()
     results.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1] + data[-40:-1])  # torn
     assert len(_runs(results)) == 1
-    optiplug.leaderboard(results=results, **kwargs)
+    optiplug_train.leaderboard(results=results, **kwargs)
     assert _runs(results) == whole
     assert results.read_bytes().endswith(b"\n")
 
@@ -97,7 +100,7 @@ def test_a_run_that_killed_its_process_twice_is_recorded_failed(tmp_path: Path) 
     key = {"optimizer": "sgd", "workload": "logistic", "lr": 1e-4, "seed": 0}
     _died_twice(results, key)
     kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 2, "stream": None}
-    optiplug.leaderboard(results=results, **kwargs)
+    optiplug_train.leaderboard(results=results, **kwargs)
     runs = {r["lr"]: r for r in read_records(results) if r["kind"] == "run"}
     assert (
         runs[1e-4]["status"] == "failed"
@@ -114,7 +117,7 @@ def test_one_death_or_an_interrupt_is_retried(tmp_path: Path) -> None:
     out.extend({"kind": kind, **key} for kind in marks)
     out.close()
     kwargs = {"only": ["sgd"], "workloads": ["logistic"], "steps": 5, "lrs": 1, "stream": None}
-    optiplug.leaderboard(results=results, **kwargs)
+    optiplug_train.leaderboard(results=results, **kwargs)
     (run,) = [r for r in read_records(results) if r["kind"] == "run"]
     assert run["status"] != "failed" and run["curve"], run["reason"]
 
@@ -123,8 +126,8 @@ def test_one_death_or_an_interrupt_is_retried(tmp_path: Path) -> None:
 def test_parallel_jobs_give_the_serial_records(tmp_path: Path) -> None:
     serial, parallel = tmp_path / "serial.jsonl", tmp_path / "parallel.jsonl"
     kwargs = {"only": ["adamw", "sgd"], "workloads": ["logistic"], "steps": 20, "lrs": 2}
-    optiplug.leaderboard(results=serial, stream=None, **kwargs)
-    optiplug.leaderboard(results=parallel, stream=None, jobs=2, **kwargs)
+    optiplug_train.leaderboard(results=serial, stream=None, **kwargs)
+    optiplug_train.leaderboard(results=parallel, stream=None, jobs=2, **kwargs)
     assert _runs(parallel) == _runs(serial)  # spawned workers: the same deterministic runs
     header = next(r for r in read_records(parallel) if r["kind"] == "header")
     assert header["jobs"] == 2
@@ -184,7 +187,7 @@ def test_rows_use_the_race_statistics(tmp_path: Path) -> None:
 
 
 def test_explain_cites_a_measurement_and_keeps_sources(tmp_path: Path) -> None:
-    evidence = optiplug.board_evidence(_small_results(tmp_path / "r.jsonl"))
+    evidence = optiplug_train.board_evidence(_small_results(tmp_path / "r.jsonl"))
     text = optiplug.AutoOptimizer.explain(
         "text-generation", num_parameters=10**6, stage="pretraining", evidence=evidence
     )
@@ -286,8 +289,8 @@ def _sleepy_registry(sleeps: dict[int, float]) -> optiplug.Registry:
 def test_the_time_cap_leaves_the_warm_up_steps_out(
     monkeypatch: pytest.MonkeyPatch, sleeps: dict[int, float], stopped_at: int | None
 ) -> None:
-    from optiplug._board import runner
-    from optiplug._board.workloads import workload
+    from optiplug_train.board import runner
+    from optiplug_train.board.workloads import workload
 
     monkeypatch.setattr(runner, "MAX_SECONDS", 0.2)
     spec = attrs.evolve(workload("logistic"), steps=6, eval_every=3)

@@ -268,7 +268,7 @@ def test_hf_trainer_trains_with_the_optim_name(
     from test_integration_transformers import Tokens, arguments, tiny_gpt2
     from transformers import Trainer
 
-    from optiplug.integrations.transformers import from_training_args
+    from optiplug_integrations.transformers import from_training_args
 
     calls = _count_fused_calls(monkeypatch)
     args = arguments(tmp_path, optim=optim)
@@ -295,7 +295,7 @@ def test_hf_trainer_with_another_optim_steps_it(name: str, tmp_path: Path) -> No
     from test_integration_transformers import Tokens, arguments, tiny_gpt2
     from transformers import Trainer
 
-    from optiplug.integrations.transformers import optimizer_cls_and_kwargs
+    from optiplug_integrations.transformers import optimizer_cls_and_kwargs
 
     args = arguments(tmp_path)
     args.max_steps, args.save_strategy = 2, "no"
@@ -318,7 +318,7 @@ def test_hf_trainer_resume_is_bit_equal(optim: str, tmp_path: Path) -> None:
     from test_integration_transformers import STEPS, Tokens, arguments, tiny_gpt2
     from transformers import Trainer
 
-    from optiplug.integrations.transformers import from_training_args
+    from optiplug_integrations.transformers import from_training_args
 
     def trainer(output_dir: Path) -> Trainer:
         args = arguments(output_dir, optim=optim)
@@ -356,7 +356,7 @@ def test_hf_weight_decay_cannot_be_split_for_adalomo(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from test_integration_transformers import arguments, tiny_gpt2
 
-    from optiplug.integrations.transformers import from_training_args
+    from optiplug_integrations.transformers import from_training_args
 
     cls, kwargs = from_training_args(arguments(tmp_path, optim="adalomo", weight_decay=0.1))
     with pytest.raises(TypeError, match="own param groups"):

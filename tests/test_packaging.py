@@ -24,7 +24,7 @@ else:  # Python 3.10: the same parser, where installed
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-"""Every plugin directory: the first-party algorithm plugins and the bridges."""
+"""Every plugin directory: the first-party algorithm plugins, the applications and the bridges."""
 BRIDGES = [
     "apollo",
     "bitsandbytes",
@@ -37,6 +37,8 @@ BRIDGES = [
     "torchao",
 ]
 """The bridges: other libraries' optimizers (each pulls in its library, so not in ``all``)."""
+APPLICATIONS = ["devtools", "integrations", "train"]
+"""The applications and adapters built on the public API (in ``all``)."""
 
 
 def _dist(directory: str) -> str:
@@ -80,7 +82,7 @@ def by_name(requirements: list[str]) -> dict[str, Requirement]:
 
 def test_plugins_found() -> None:
     first_party = ["adam", "adamw", "fused", "lion", "multi", "muon", "sgd"]
-    assert sorted(first_party + BRIDGES) == PLUGINS
+    assert sorted(first_party + APPLICATIONS + BRIDGES) == PLUGINS
     assert DISTS["pytorch_optimizer"] == "optiplug-pytorch-optimizer"
 
 
@@ -111,6 +113,7 @@ def test_installed_core_metadata_has_the_extras() -> None:
     for plugin in PLUGINS:
         wanted = [r for r in map(Requirement, requires) if r.name == DISTS[plugin]]
         markers = {f'extra == "{EXTRAS[plugin]}"'} | ({'extra == "all"'} - _bridge(plugin))
+        markers |= {'extra == "leaderboard"'} if plugin == "train" else set()
         assert {str(r.marker) for r in wanted} == markers, plugin
 
 

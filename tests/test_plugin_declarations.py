@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import optiplug
-from optiplug.cli.bench import bytes_per_parameter
+from optiplug_devtools.bench import bytes_per_parameter
 
 
 def test_torch_backed_classes_declare_their_c_state_step() -> None:
@@ -66,7 +66,7 @@ def _module(**spec_fields: Any) -> types.ModuleType:
 
 def test_hf_names_come_from_the_specs() -> None:
     pytest.importorskip("transformers")
-    from optiplug.integrations.transformers import hf_optimizers
+    from optiplug_integrations.transformers import hf_optimizers
 
     registry = optiplug.Registry(autoload=False)
     names = ("adagrad", optiplug.HFName("rmsprop", caveat="not rmsprop"))

@@ -11,9 +11,6 @@ import optiplug.errors
 
 EXPECTED_ALL = {
     "Graph",
-    "Board",
-    "board_evidence",
-    "leaderboard",
     "AutoOptimizer",
     "Selection",
     "ENTRY_POINT_GROUP",
@@ -24,6 +21,7 @@ EXPECTED_ALL = {
     "HFName",
     "ImplementationSpec",
     "LazyCallable",
+    "Measurement",
     "MemoryEstimate",
     "MemoryOption",
     "MemoryPlan",

@@ -20,12 +20,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import optiplug
-from optiplug._train.compare import parse_compare
-from optiplug._train.config import OptionError
-from optiplug._train.race import seconds_to_target, steps_to_target, summarize
-from optiplug._train.report import race_table
-from optiplug._train.results import TrainResult
-from optiplug._train.stats import (
+from optiplug.cli import main
+from optiplug_train.compare import parse_compare
+from optiplug_train.config import OptionError
+from optiplug_train.race import seconds_to_target, steps_to_target, summarize
+from optiplug_train.report import race_table
+from optiplug_train.results import TrainResult
+from optiplug_train.stats import (
     StatisticsError,
     mean_interval,
     regularized_beta,
@@ -34,8 +35,7 @@ from optiplug._train.stats import (
     two_sided_p,
     welch,
 )
-from optiplug._train.variants import split_variant
-from optiplug.cli import main
+from optiplug_train.variants import split_variant
 
 TINY = [
     "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",
@@ -184,8 +184,8 @@ def test_steps_and_seconds_to_target() -> None:
 def test_a_run_records_its_training_time_at_each_validation_point(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from optiplug._train.config import TrainConfig
-    from optiplug._train.loop import train
+    from optiplug_train.config import TrainConfig
+    from optiplug_train.loop import train
 
     config = TrainConfig(
         n_layer=1, d_model=32, n_head=2, block_size=32, batch_size=8, max_chars=100_000,

@@ -25,7 +25,7 @@ import pytest
 
 import optiplug
 import optiplug.cli
-from optiplug.cli import scaffold
+from optiplug_devtools import scaffold
 
 NAME = "acme_sgd"
 PACKAGE = f"optiplug_{NAME}"
@@ -140,9 +140,10 @@ def test_class_names() -> None:
     assert scaffold.class_name("tensor") == "TensorOptimizer"
 
 
-def test_new_plugin_is_a_builtin_command() -> None:
+def test_new_plugin_is_a_devtools_command() -> None:
     plugins = {info.name: info for info in optiplug.plugins()}
-    assert "command:new-plugin" in plugins["commands"].provides
+    assert plugins["devtools"].distribution == "optiplug-devtools"
+    assert "command:new-plugin" in plugins["devtools"].provides
 
 
 # ------------------------------------------------------------------ refusals

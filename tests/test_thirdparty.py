@@ -133,7 +133,7 @@ LEADERBOARD = (
 def test_a_third_party_optimizer_is_placed_against_the_published_board(
     make_dist, tmp_path: Path
 ) -> None:
-    from optiplug._board.board import published_records
+    from optiplug_train.board.board import published_records
 
     acme = make_dist("optiplug-acme", ACME_PLUGIN.format(api=1))
     out = python(LEADERBOARD.format(path=str(tmp_path / "acme.jsonl")), acme)

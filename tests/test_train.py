@@ -22,11 +22,11 @@ import torch
 
 import optiplug
 from optiplug import Graph
-from optiplug._train.config import TrainConfig
-from optiplug._train.data import load_corpus
-from optiplug._train.loop import build_graph
-from optiplug._train.report import Progress
 from optiplug.cli import main
+from optiplug_train.config import TrainConfig
+from optiplug_train.data import load_corpus
+from optiplug_train.loop import build_graph
+from optiplug_train.report import Progress
 
 TINY = [
     "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",
@@ -290,8 +290,8 @@ def test_progress_shows_the_gradient_norm_when_measured() -> None:
 _INTERRUPT = """
 import json, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from optiplug._train import checkpoints
-from optiplug._train.report import Progress
+from optiplug_train import checkpoints
+from optiplug_train.report import Progress
 from optiplug.cli import main
 
 where, step, args = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])

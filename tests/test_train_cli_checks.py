@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import optiplug
-from optiplug._train import command, cpus
-from optiplug._train.config import TrainConfig, run_file_payload
-from optiplug._train.cpus import CpuBudget, cgroup_cpu_quota, choose_threads, cpu_budget
-from optiplug._train.report import Progress
 from optiplug.cli import main
+from optiplug_train import command, cpus
+from optiplug_train.config import TrainConfig, run_file_payload
+from optiplug_train.cpus import CpuBudget, cgroup_cpu_quota, choose_threads, cpu_budget
+from optiplug_train.report import Progress
 
 TINY = [
     "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",
@@ -333,7 +333,7 @@ def emulate(written: str) -> list[str]:
 
 def test_progress_redraws_leave_no_stale_characters(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(float(second) for second in range(1000))
-    monkeypatch.setattr("optiplug._train.report.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("optiplug_train.report.time.perf_counter", lambda: next(clock))
     terminal = Terminal()
     bar = Progress(100, stream=terminal, log=None, val_label="val(256w)")
     bar.update(1, 12.345678, 1e-3, grad_norm=123456.0)  # long: gnorm and eta 3m18s

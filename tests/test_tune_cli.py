@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from optiplug._auto import tune as tune_module
-from optiplug._train import command
-from optiplug._train.config import TrainConfig
-from optiplug._train.options import DEFAULT_TUNE_BUDGET
-from optiplug._train.tune import run_length_budget
 from optiplug.cli import main
+from optiplug_train import command
+from optiplug_train.config import TrainConfig
+from optiplug_train.options import DEFAULT_TUNE_BUDGET
+from optiplug_train.tune import run_length_budget
 
 JOB = [
     "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",

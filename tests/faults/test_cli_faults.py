@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from optiplug import cli
-from optiplug._train.options import MAX_SEEDS
+from optiplug_train.options import MAX_SEEDS
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -119,8 +119,8 @@ def test_show_and_bench_share_the_count_parser(
 @pytest.fixture()
 def nothing_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Run in an empty directory where reading the corpus or training fails the test."""
-    import optiplug._train.command as command
-    import optiplug._train.compare as compare
+    import optiplug_train.command as command
+    import optiplug_train.compare as compare
 
     def started(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the command started reading the corpus or training")

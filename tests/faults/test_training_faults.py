@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import optiplug
 from optiplug import Graph, checkpoint
-from optiplug._train.model import CharTransformer, generate
 from optiplug.cli import main
 from optiplug.errors import CheckpointError, GraphError, OptiplugError
+from optiplug_train.model import CharTransformer, generate
 
 TINY = [
     "--layers", "1", "--d-model", "32", "--heads", "2", "--block-size", "32",

@@ -32,6 +32,7 @@ from ._api import (
     spec,
     validate_state_dict,
 )
+from ._auto.evidence import Measurement
 from ._auto.selection import AutoOptimizer
 from ._core.builtin import version as _version
 from ._core.create import OptimizerFactory
@@ -69,15 +70,12 @@ from ._state.memory import MemoryEstimate, MemoryReport
 
 if TYPE_CHECKING:  # imported on first access at run time (they import torch): see __getattr__
     from . import checkpoint
-    from ._board.board import Board, leaderboard
-    from ._board.evidence import board_evidence
     from ._graph.graph import Graph
 
 __version__ = _version()
 
 __all__ = [
     "AutoOptimizer",
-    "Board",
     "ENTRY_POINT_GROUP",
     "Graph",
     "PLUGIN_API_VERSION",
@@ -89,6 +87,7 @@ __all__ = [
     "HFName",
     "ImplementationSpec",
     "LazyCallable",
+    "Measurement",
     "MemoryEstimate",
     "MemoryReport",
     "OptimizerFactory",
@@ -110,7 +109,6 @@ __all__ = [
     "TuneReport",
     "TuneTrial",
     "__version__",
-    "board_evidence",
     "checkpoint",
     "create",
     "default_registry",
@@ -120,7 +118,6 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "lazy",
-    "leaderboard",
     "load_state_dict",
     "memory",
     "optimizers",
@@ -177,13 +174,15 @@ _LAZY_SUBMODULES = frozenset({"checkpoint"})
 """Public submodules that import torch, imported on first attribute access."""
 
 
-_LAZY_ATTRIBUTES = {
-    "Graph": "._graph.graph",
-    "Board": "._board.board",
-    "leaderboard": "._board.board",
-    "board_evidence": "._board.evidence",
-}
+_LAZY_ATTRIBUTES = {"Graph": "._graph.graph"}
 """Public names whose modules import torch, imported on first attribute access."""
+
+_MOVED = {
+    "Board": "optiplug_train",
+    "leaderboard": "optiplug_train",
+    "board_evidence": "optiplug_train",
+}
+"""Names this package published before they moved to a distribution of their own."""
 
 
 def __getattr__(name: str) -> object:
@@ -191,4 +190,6 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY_ATTRIBUTES:
         return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
+    if name in _MOVED:
+        return _compat.moved(f"{__name__}.{name}", _MOVED[name], name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,16 @@
-"""Module paths of optiplug 0.1.0, kept importable for this release.
+"""Module paths of optiplug 0.1.0, and public paths that moved to other distributions.
 
 Objects pickled by 0.1.0 name the flat private modules of that layout
 (``optiplug._create.OptimizerFactory``). A finder on ``sys.meta_path`` maps
 each old path to the module that now holds the code, so those pickles still
 load; importing an old path warns with a ``DeprecationWarning``. New pickles
 name public paths (``optiplug.OptimizerFactory``). Removed in 0.2.
+
+The training application and the framework integrations are distributions
+of their own now (``optiplug-train``, ``optiplug-integrations``): their old
+paths (``optiplug.integrations.transformers``, ``optiplug.leaderboard``)
+still work for this release where the new distribution is installed, with a
+``DeprecationWarning``, and name what to install where it is not.
 
 It also allowlists optiplug's picklable records for
 ``torch.load(..., weights_only=True)`` (under both paths) without importing
@@ -24,9 +30,11 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "MOVED_MODULES",
     "RENAMED_MODULES",
     "allow_in_weights_only_load",
     "install",
+    "moved",
     "weights_only_globals",
 ]
 
@@ -56,6 +64,49 @@ RENAMED_MODULES: dict[str, str] = {
 packages now, ``optiplug._schedules`` and ``optiplug._auto``, re-export their
 pickled classes themselves.)"""
 
+MOVED_MODULES: dict[str, str] = {
+    f"optiplug.integrations.{name}": f"optiplug_integrations.{name}"
+    for name in ("transformers", "lightning", "timm", "layerwise")
+}
+"""Public module path of 0.1.0 -> its module in another distribution now."""
+
+
+def _distribution(module: str) -> str:
+    """The distribution that provides first-party package ``module`` (``optiplug_train`` -> ``optiplug-train``)."""
+    return module.partition(".")[0].replace("_", "-")
+
+
+def _import_moved(old: str, new: str, stacklevel: int) -> ModuleType:
+    """Import ``new``, which ``old`` names now, with a DeprecationWarning; name what to install."""
+    distribution = _distribution(new)
+    warnings.warn(
+        f"{old} moved to {new} (distribution {distribution}); the old path goes in 0.2",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    try:
+        return importlib.import_module(new)
+    except ModuleNotFoundError as error:
+        if error.name is None or not new.startswith(error.name):
+            raise
+        raise ModuleNotFoundError(
+            f"{old} moved to {new}, which is not installed; install it with: "
+            f"pip install {distribution}",
+            name=error.name,
+        ) from None
+
+
+def moved(old: str, package: str, name: str) -> Any:
+    """The object ``old`` named, now ``package.name``, with a DeprecationWarning.
+
+    Raises:
+        AttributeError: ``package`` is not installed (saying what to install).
+    """
+    try:
+        return getattr(_import_moved(old, package, stacklevel=4), name)
+    except ModuleNotFoundError as error:
+        raise AttributeError(str(error), name=name) from None
+
 
 class _AliasLoader(importlib.abc.Loader):
     """Loads an old path as the new module object itself (one module, two names)."""
@@ -64,6 +115,8 @@ class _AliasLoader(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        if spec.name in MOVED_MODULES:
+            return _import_moved(spec.name, self.target, stacklevel=2)
         warnings.warn(
             f"{spec.name} is an optiplug 0.1.0 module path; it now lives in {self.target} "
             "(use the public names in optiplug instead); the old path goes in 0.2",
@@ -77,12 +130,12 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class _RenamedModuleFinder(importlib.abc.MetaPathFinder):
-    """Finds the old paths of :data:`RENAMED_MODULES`, and nothing else."""
+    """Finds the old paths of :data:`RENAMED_MODULES` and :data:`MOVED_MODULES`, and nothing else."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        new = RENAMED_MODULES.get(fullname)
+        new = RENAMED_MODULES.get(fullname) or MOVED_MODULES.get(fullname)
         if new is None:
             return None
         return importlib.util.spec_from_loader(fullname, _AliasLoader(new))

@@ -2,7 +2,7 @@
 
 A :class:`Measurement` is one optimizer's row of the leaderboard on one
 workload, compared with AdamW's (``optiplug leaderboard`` computes them;
-``optiplug.board_evidence`` reads them from a results file). The published
+``optiplug_train.board_evidence`` reads them from a results file). The published
 board's measurements ship as ``board_evidence.json`` beside this module,
 written by ``scripts/leaderboard_page.py`` from the committed results file.
 A request maps to the nearest workload kind by :func:`nearest_workload`.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from .._core.registry import Registry, bound_registry
-from .._core.selection import Selection
+from .._core.selection import RANGE_SHARE, SHORT_RUNS, Selection
 from .._core.specs import Candidate, SelectionRequest
 from ..errors import HyperparameterError, ModelConfigError
 from .budget import (
@@ -112,7 +112,17 @@ class AutoOptimizer:
 
     Every constructor returns a :class:`Selection`; call it with parameters.
     ``registry=`` selects another registry than the default one.
+
+    Attributes:
+        TUNE_RANGE_SHARE: the share of each candidate's ``budget_steps``
+            that :meth:`tune` spends on its lr range test.
+        TUNE_SHORT_RUNS: the short runs :meth:`tune` gives each candidate
+            with the rest (so each short run is ``(1 - TUNE_RANGE_SHARE) /
+            TUNE_SHORT_RUNS`` of the candidate's steps).
     """
+
+    TUNE_RANGE_SHARE: ClassVar[float] = RANGE_SHARE
+    TUNE_SHORT_RUNS: ClassVar[int] = SHORT_RUNS
 
     @classmethod
     def for_task(
@@ -415,7 +425,7 @@ class AutoOptimizer:
             stage: as for :meth:`for_task`.
             registry: as for :meth:`for_task`.
             memory_budget: as for :meth:`for_task`.
-            evidence: measurements (``optiplug.board_evidence(results_file)``)
+            evidence: measurements (``optiplug_train.board_evidence(results_file)``)
                 or an evidence JSON file; None: the published board's.
 
         Returns:

@@ -43,7 +43,14 @@ import torch
 from .._core import ranks as _ranks
 from .._core.lifecycle import set_training, step_needs
 from .._core.registry import Registry
-from .._core.selection import CandidateReport, Selection, TuneReport, TuneTrial
+from .._core.selection import (
+    RANGE_SHARE,
+    SHORT_RUNS,
+    CandidateReport,
+    Selection,
+    TuneReport,
+    TuneTrial,
+)
 from .._core.specs import Candidate
 from ..errors import OptiplugError, TuneError
 
@@ -95,17 +102,11 @@ PLATEAU = 0.05
 SLOPE_WINDOW = 20
 """The slope at a point spans +-(points // SLOPE_WINDOW) points (at least one) each side."""
 
-RANGE_SHARE = 0.4
-"""Share of each candidate's steps spent on the range test (the rest: its short runs)."""
-
 CLOSE_ENOUGH = 0.01
 """Held-out losses within 1% of the best count as a tie, which the smallest lr wins."""
 
 WARMUP_DIVISOR = 20
 """Short runs warm up over their first 1/20 of steps, then decay by a cosine: how models train."""
-
-SHORT_RUNS = 3
-"""Short runs per candidate: at the steepest lr, the minimum's lr and their geometric mean."""
 
 DEFAULT_CANDIDATE_STEPS = 750
 """Without a candidate list, each candidate gets at least this many steps (a

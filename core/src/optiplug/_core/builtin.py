@@ -7,9 +7,10 @@ none of them: each is added by the layer that owns it, so no layer reaches up.
 - The facade (``optiplug._api``) provides the schedules and selection rules
   here when it is imported (:func:`provide_builtin_plugins`); every
   :class:`~optiplug.Registry` registers them first.
-- The commands (``list``, ``show``..., ``train``) are entry points of the
-  ``optiplug`` distribution, loaded with the other plugins; the command line
-  loads them into the registry it uses even without autoload
+- The commands (``list``, ``show``...) are entry points of the ``optiplug``
+  distribution, loaded with the other plugins; the command line loads them
+  (and the applications' commands, from their own distributions) into the
+  registry it uses even without autoload
   (:meth:`~optiplug.Registry.load_distribution`).
 """
 

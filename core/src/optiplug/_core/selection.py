@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .protocols import CandidateSource
 
 __all__ = [
+    "RANGE_SHARE",
+    "SHORT_RUNS",
     "MAX_FSDP_RANKS",
     "CandidateReport",
     "MemoryOption",
@@ -39,6 +41,12 @@ __all__ = [
     "ranks_to_fit",
     "select",
 ]
+
+RANGE_SHARE = 0.4
+"""Share of each candidate's steps spent on the range test (the rest: its short runs)."""
+
+SHORT_RUNS = 3
+"""Short runs per candidate: at the steepest lr, the minimum's lr and their geometric mean."""
 
 MAX_FSDP_RANKS = 1024
 """The most FSDP ranks a memory plan considers when nothing fits one device."""

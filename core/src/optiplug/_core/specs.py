@@ -211,7 +211,7 @@ class ImplementationSpec:
 class HFName:
     """A Hugging Face ``TrainingArguments(optim=...)`` name an algorithm serves.
 
-    :mod:`optiplug.integrations.transformers` serves each name by the
+    :mod:`optiplug_integrations.transformers` serves each name by the
     algorithms that declare it (:attr:`OptimizerSpec.hf_names`), the highest
     :attr:`priority` first among those installed.
 

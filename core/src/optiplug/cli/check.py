@@ -27,8 +27,8 @@ __all__ = ["checkpoint_path", "configure", "describe_checkpoint", "run"]
 
 _RUN_FILE = "train.json"
 _RUN_CHECKPOINT = "checkpoint"
-"""What ``optiplug train --save DIR`` writes in ``DIR`` (``optiplug._train.config.RUN_FILE``
-and ``optiplug._train.checkpoints.CHECKPOINT_NAME``; ``cli`` sits below ``_train``)."""
+"""What ``optiplug train --save DIR`` writes in ``DIR`` (``optiplug_train.config.RUN_FILE``
+and ``optiplug_train.checkpoints.CHECKPOINT_NAME``; ``cli`` sits below ``_train``)."""
 _HIDDEN_KEYS = frozenset({"foreach", "fused", "capturable", "differentiable"})
 _ROWS = 20
 

@@ -19,7 +19,10 @@ from .._core.builtin import DISTRIBUTION
 from .._core.registry import Registry, bound_registry
 from ..errors import OptiplugError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMAND_DISTRIBUTIONS", "build_parser", "main"]
+
+COMMAND_DISTRIBUTIONS = (DISTRIBUTION, "optiplug-train", "optiplug-devtools")
+"""The distributions whose commands every ``optiplug`` command line offers, where installed."""
 
 
 def build_parser(registry: Registry) -> argparse.ArgumentParser:
@@ -57,7 +60,8 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     """
     try:
         registry = bound_registry(registry)
-        registry.load_distribution(DISTRIBUTION)  # the built-in commands
+        for distribution in COMMAND_DISTRIBUTIONS:  # the commands, even without autoload
+            registry.load_distribution(distribution)
         args = build_parser(registry).parse_args(argv)
         args.registry = registry
         return int(args.run(args))

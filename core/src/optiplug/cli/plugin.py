@@ -1,4 +1,4 @@
-"""The core's built-in commands: ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``bench``, ``new-plugin``.
+"""The core's built-in commands: ``list``, ``show``, ``schedule``, ``auto``, ``check``.
 
 It answers the same ``optiplug_cli_commands`` hook a third-party plugin does,
 so the built-in commands are registered and listed like anyone's
@@ -33,11 +33,10 @@ def _command(
 
 @hookimpl
 def optiplug_cli_commands() -> list[CommandSpec]:
-    """Provide the core's commands (``train`` comes from :mod:`optiplug._train.plugin`).
+    """Provide the core's commands (``train``, ``bench`` and the others come from other distributions).
 
     Returns:
-        The ``list``, ``show``, ``schedule``, ``auto``, ``check``, ``bench`` and ``new-plugin``
-        commands.
+        The ``list``, ``show``, ``schedule``, ``auto`` and ``check`` commands.
     """
     return [
         _command(
@@ -70,32 +69,5 @@ def optiplug_cli_commands() -> list[CommandSpec]:
             "check",
             "configure",
             "run",
-        ),
-        _command(
-            "bench",
-            "time every implementation of an algorithm at a given size, against a copy floor",
-            "bench",
-            "configure",
-            "run",
-            description=(
-                "For ALGORITHM (default: all) build --params parameters in --tensors equal "
-                "tensors on --device, time each implementation's step (median of --steps "
-                "interleaved steps after untimed warm-up), compare it with an in-place copy of "
-                "the bytes per parameter the update moves, show unavailable and unsupported "
-                "implementations with the reason, and mark the one impl=None picks."
-            ),
-        ),
-        _command(
-            "new-plugin",
-            "write a new plugin distribution to edit, install and test",
-            "scaffold",
-            "configure",
-            "run",
-            description=(
-                "Write DIR (default ./optiplug-NAME): a plugin distribution whose entry point "
-                "NAME provides the optimizer NAME (SGD with momentum, loop and foreach kernels "
-                "on optiplug.base.KernelTableOptimizer), with conformance tests. DIR must not "
-                "exist or be empty; nothing is written on error."
-            ),
         ),
     ]

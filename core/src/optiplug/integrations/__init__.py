@@ -1,18 +1,10 @@
-"""Using optiplug from other training frameworks.
+"""Using optiplug from other training frameworks: what the core provides for them.
 
-Each framework has its own submodule, imported only when used (``import
-optiplug`` imports none of them, nor the framework):
-
-* :mod:`optiplug.integrations.transformers`: optiplug optimizers in the
-  Hugging Face ``Trainer`` (``optimizer_cls_and_kwargs=``, ``TrainingArguments.optim``).
-* :mod:`optiplug.integrations.layerwise`: one optimizer per parameter,
-  stepped from its gradient hook, scheduled and checkpointed as one
-  (the Trainer's ``*_layerwise`` names).
-* :mod:`optiplug.integrations.lightning`: :class:`ScheduleFreeMode`, a
-  callback keeping a schedule-free optimizer in train mode for training
-  steps and in eval mode for validation, test, predict and checkpoints.
-* :mod:`optiplug.integrations.timm`: every optiplug name in timm's optimizer
-  registry (``timm.optim.create_optimizer_v2(model, "optiplug:lion")``).
+The framework adapters are the ``optiplug-integrations`` distribution
+(``pip install "optiplug[integrations]"``): ``optiplug_integrations.transformers``
+(the Hugging Face ``Trainer``), ``.layerwise``, ``.lightning`` and ``.timm``.
+Their 0.1.0 paths here (``optiplug.integrations.transformers``, ...) still
+import, with a ``DeprecationWarning``, where that distribution is installed.
 
 Otherwise Lightning needs nothing: a factory and a schedule are ordinary
 hyperparameters, and they load under ``torch.load(..., weights_only=True)``

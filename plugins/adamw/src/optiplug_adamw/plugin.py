@@ -55,7 +55,7 @@ HF_NAMES = (
     optiplug.HFName("adamw_torch_fused", impl="fused"),
     optiplug.HFName("paged_adamw_32bit", caveat=_UNPAGED),
     # torchdistx's AnyPrecisionAdamW: with its default float32 moments, AdamW exactly
-    # (optim_args are read by optiplug.integrations.transformers)
+    # (optim_args are read by optiplug_integrations.transformers)
     optiplug.HFName("adamw_anyprecision"),
     # fallbacks for the 8-bit names, below a plugin with 8-bit state
     optiplug.HFName("adamw_bnb_8bit", caveat=_STATE_32, priority=-1),
