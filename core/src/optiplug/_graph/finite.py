@@ -68,7 +68,7 @@ def all_finite(values: Iterable[Any]) -> bool:
             value.is_floating_point() or value.is_complex()
         )
         if floating and value.numel():
-            groups.setdefault((value.device, value.dtype), []).append(value.detach())
+            groups.setdefault((value.device, value.dtype), []).append(value)
     return all(_group_finite(group) for group in groups.values())
 
 
@@ -84,9 +84,10 @@ def _group_finite(group: list[torch.Tensor]) -> bool:
     are taken in float32, whose range their squares fit.
     """
     wide = torch.float32 if group[0].dtype in (torch.float16, torch.bfloat16) else None
-    if bool(torch.stack(torch._foreach_norm(group, 2, dtype=wide)).sum().isfinite()):
-        return True
-    return bool(torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all())
+    with torch.no_grad():  # one switch for the group, cheaper than a detach per tensor
+        if bool(torch.stack(torch._foreach_norm(group, 2, dtype=wide)).sum().isfinite()):
+            return True
+        return bool(torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all())
 
 
 def parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
