@@ -15,7 +15,6 @@ from pathlib import Path
 from optiplug import Graph, Registry
 from optiplug.errors import OptiplugError
 
-from . import ranks as _ranks
 from .config import RUN_FILE, TrainConfig, read_run_file, run_file_payload
 from .data import Corpus
 from .optim import make_schedule
@@ -64,7 +63,7 @@ def save_run(graph: Graph, config: TrainConfig, corpus: Corpus) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         graph.save(directory / CHECKPOINT_NAME)
-        if _ranks.rank() == 0:
+        if graph.rank == 0:
             _write_run_file(directory, run_file_payload(config, corpus.vocab, graph.training_step))
     except (OSError, OptiplugError) as error:
         _remove(created)

@@ -21,7 +21,6 @@ import torch
 from optiplug import Graph, OptimizerFactory, Registry
 from optiplug.errors import GraphError, HyperparameterError, OptiplugError
 
-from . import ranks as _ranks
 from .checkpoints import require_checkpoints, resume_run, save_run
 from .config import TrainConfig
 from .data import Corpus, Windows, load_corpus, spread, unigram_entropy, windows
@@ -91,7 +90,7 @@ def build_graph(
         params=dict(config.optimizer_params),
     )
     graph.set_optimizer(chosen)
-    per_rank = config.batch_size // _ranks.world_size()
+    per_rank = config.batch_size // graph.world_size
     dataset = Windows(corpus.train, config.block_size)
     loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank, shuffle=True, drop_last=True)
     graph.set_data_loader(loader, forward_input="tokens")
@@ -244,6 +243,11 @@ def _loop(
     progress.close()
 
 
+def _distributed() -> bool:
+    """Whether this process belongs to an initialized ``torch.distributed`` group."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 @contextlib.contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
     """Within: Ctrl-C takes effect when the block ends, so a save is never cut in half.
@@ -252,7 +256,7 @@ def _ctrl_c_deferred() -> Iterator[None]:
     handler: ranks of a distributed run save together and must stop together.
     """
     if (
-        _ranks.active()
+        _distributed()
         or threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
@@ -465,8 +469,8 @@ def train(
     """
     corpus = corpus if corpus is not None else load_corpus(config.data, config.max_chars)
     check_run(config, corpus)
-    lead = _ranks.rank() == 0
     graph, chosen = build_graph(config, corpus, registry)
+    lead = graph.rank == 0
     start = _start(graph, config, corpus, registry)
     sharded = graph.parallel == "fsdp"  # every forward needs every rank
     evaluator = _Evaluator(graph, config, corpus, lead or sharded)
@@ -500,6 +504,6 @@ def train(
     if not lead:
         torch.distributed.barrier()
         return None
-    if _ranks.active():
+    if _distributed():
         torch.distributed.barrier()
     return _result(graph, chosen, registry, {**measured, "start_step": start, "seconds": seconds})
