@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import optiplug
+import optiplug.autotune
 import optiplug.base
 import optiplug.builtin_schedules
 import optiplug.checkpoint
@@ -59,9 +60,11 @@ _PLUGIN_ROOTS = tuple(Path(__file__).resolve().parent.parent.glob("plugins/*/src
 
 PUBLIC_MODULES = (
     optiplug,
+    optiplug.autotune,
     optiplug.base,
     optiplug.builtin_schedules,
     optiplug.checkpoint,
+    optiplug.cli,
     optiplug.errors,
     optiplug.validators,
 )

@@ -137,10 +137,10 @@ def test_clear_autotune_cache_removes_the_file_and_keeps_this_processes_choices(
     _cache_in_tmp: Path,
 ) -> None:
     choose()
-    assert _cache.path() == _cache_in_tmp
-    assert _cache.clear() is True
+    assert _cache.cache_path() == _cache_in_tmp
+    assert _cache.clear_cache() is True
     assert not _cache_in_tmp.exists() and len(chooser_of().decisions()) == 1
-    assert _cache.clear() is False
+    assert _cache.clear_cache() is False
 
 
 def test_the_default_location_follows_xdg_and_then_home(
@@ -148,10 +148,10 @@ def test_the_default_location_follows_xdg_and_then_home(
 ) -> None:
     monkeypatch.delenv("OPTIPLUG_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _cache.path() == tmp_path / "xdg" / "optiplug" / "autotune.json"
+    assert _cache.cache_path() == tmp_path / "xdg" / "optiplug" / "autotune.json"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert _cache.path() == tmp_path / "home/.cache/optiplug/autotune.json"
+    assert _cache.cache_path() == tmp_path / "home/.cache/optiplug/autotune.json"
 
 
 def test_the_default_location_is_the_platforms_user_cache_directory(
@@ -161,7 +161,7 @@ def test_the_default_location_is_the_platforms_user_cache_directory(
 
     monkeypatch.delenv("OPTIPLUG_CACHE_DIR")
     expected = Path(platformdirs.user_cache_dir("optiplug", appauthor=False))
-    assert _cache.path() == expected / "autotune.json"  # ~/Library/Caches on macOS, and so on
+    assert _cache.cache_path() == expected / "autotune.json"  # ~/Library/Caches on macOS, and so on
 
 
 def test_cache_off_neither_reads_nor_writes(

@@ -86,7 +86,7 @@ def test_clearing_a_cache_path_that_is_a_directory_says_so_and_leaves_it(
 ) -> None:
     _cache_in_tmp.mkdir()
     with pytest.raises(IsADirectoryError, match="is a directory"):
-        _cache.clear()
+        _cache.clear_cache()
     assert cli.main(["bench", "--clear-cache"]) == 1
     captured = capsys.readouterr()
     assert captured.err.strip() == (

@@ -135,20 +135,9 @@ __all__ = [
 _compat.install()
 
 
-def _publish(*names: str) -> None:
-    """Report ``optiplug`` as the module of each public class and function.
-
-    Pickles, ``torch.serialization.add_safe_globals`` and docs then name the
-    public path (``optiplug.OptimizerFactory``), which survives moving code
-    between private modules.
-    """
-    for name in names:
-        obj = globals()[name]
-        if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__qualname__")):
-            obj.__module__ = __name__
-
-
-_publish(*(name for name in __all__ if name in globals() and not name.isupper()))
+_compat.publish(
+    __name__, globals(), (name for name in __all__ if name in globals() and not name.isupper())
+)
 
 # What users keep in checkpoints (factories, selections, schedules, and the
 # records a selection holds) loads under torch.load(..., weights_only=True):

@@ -25,7 +25,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "allow_in_weights_only_load",
     "install",
     "moved",
+    "publish",
     "weights_only_globals",
 ]
 
@@ -106,6 +107,24 @@ def moved(old: str, package: str, name: str) -> Any:
         return getattr(_import_moved(old, package, stacklevel=4), name)
     except ModuleNotFoundError as error:
         raise AttributeError(str(error), name=name) from None
+
+
+def publish(module: str, namespace: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Report ``module`` as the ``__module__`` of each class and function among ``names``.
+
+    Pickles, ``torch.serialization.add_safe_globals`` and docs then name the
+    public path (``optiplug.OptimizerFactory``), which survives moving code
+    between private modules.
+
+    Args:
+        module: the public module's name.
+        namespace: its globals.
+        names: the public names to report there (other values are left alone).
+    """
+    for name in names:
+        value = namespace[name]
+        if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
+            value.__module__ = module
 
 
 class _AliasLoader(importlib.abc.Loader):

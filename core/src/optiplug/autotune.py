@@ -11,10 +11,10 @@ as ``optiplug bench`` (distribution ``optiplug-devtools``) does.
 
 from __future__ import annotations
 
-from ._choice.cache import clear as clear_cache
-from ._choice.cache import path as cache_path
+from ._choice.cache import cache_path, clear_cache
 from ._choice.chooser import ImplementationChooser
 from ._choice.timing import availability_reason, tensor_kinds
+from ._compat import publish
 from ._core.env import env_flag
 
 __all__ = [
@@ -36,6 +36,4 @@ def autotune_enabled() -> bool:
     return env_flag("OPTIPLUG_AUTOTUNE", default=True)
 
 
-for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+publish(__name__, globals(), __all__)

@@ -1,6 +1,6 @@
 """Measured implementation choices kept on disk, so that a later process need not measure.
 
-One JSON file per user and machine (:func:`path`): ``$OPTIPLUG_CACHE_DIR``,
+One JSON file per user and machine (:func:`cache_path`): ``$OPTIPLUG_CACHE_DIR``,
 else the platform's user cache directory (``$XDG_CACHE_HOME/optiplug`` or
 ``~/.cache/optiplug`` on Linux, ``~/Library/Caches/optiplug`` on macOS,
 ``%LOCALAPPDATA%\\optiplug\\Cache`` on Windows), holding ``autotune.json``. Each entry is keyed by everything a choice depends on
@@ -53,14 +53,14 @@ __all__ = [
     "FILE_NAME",
     "LOCK_SECONDS",
     "MAX_BYTES",
-    "clear",
+    "cache_path",
+    "clear_cache",
     "device_name",
     "directory",
     "enabled",
     "entry_key",
     "key_fields",
     "load",
-    "path",
     "size_key",
     "store",
 ]
@@ -100,7 +100,7 @@ def directory() -> Path:
     return cache_directory()
 
 
-def path() -> Path:
+def cache_path() -> Path:
     """The cache file: ``autotune.json`` in :func:`directory`."""
     return directory() / FILE_NAME
 
@@ -184,13 +184,13 @@ def load(
 
     Args:
         fields: the key (:func:`key_fields`).
-        file: the cache file; None for :func:`path`.
+        file: the cache file; None for :func:`cache_path`.
 
     Returns:
         None when there is no usable entry: none stored, a winner that is not
         one of the candidates, or a file that cannot be read (warned once).
     """
-    entry = _read(path() if file is None else file).get(entry_key(fields))
+    entry = _read(cache_path() if file is None else file).get(entry_key(fields))
     if not isinstance(entry, dict):
         return None
     winner, timings = entry.get("winner"), entry.get("timings")
@@ -212,9 +212,9 @@ def store(
         fields: the key (:func:`key_fields`).
         winner: the chosen implementation.
         timings: seconds per step of each candidate (``inf`` when not timed).
-        file: the cache file; None for :func:`path`.
+        file: the cache file; None for :func:`cache_path`.
     """
-    target = path() if file is None else file
+    target = cache_path() if file is None else file
     entry = {
         "winner": winner,
         "timings": {
@@ -237,11 +237,11 @@ def _file_lock(target: Path) -> filelock.BaseFileLock:
     return filelock.FileLock(f"{target}.lock", timeout=LOCK_SECONDS)
 
 
-def clear(file: Path | None = None) -> bool:
+def clear_cache(file: Path | None = None) -> bool:
     """Remove the cache file.
 
     Args:
-        file: the cache file; None for :func:`path`.
+        file: the cache file; None for :func:`cache_path`.
 
     Returns:
         Whether there was a file to remove.
@@ -250,7 +250,7 @@ def clear(file: Path | None = None) -> bool:
         IsADirectoryError: the path is a directory (it is left alone).
         OSError: the file could not be removed.
     """
-    target = path() if file is None else file
+    target = cache_path() if file is None else file
     if target.is_dir() and not target.is_symlink():
         raise IsADirectoryError(
             errno.EISDIR, "the autotune cache path is a directory; nothing removed", str(target)

@@ -116,7 +116,7 @@ def cache_key(question: Question) -> tuple[dict[str, Any], Path] | None:
     if not _stored.enabled() or _ranks.world_size() > 1:
         return None
     try:
-        file = _stored.path()
+        file = _stored.cache_path()
     except (RuntimeError, KeyError):  # Path.home() without a home directory
         return None
     first = question.params[0]

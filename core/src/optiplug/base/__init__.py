@@ -48,6 +48,7 @@ them): name optimizer classes with :func:`optiplug.lazy` there.
 
 from __future__ import annotations
 
+from .._compat import publish
 from .._core.decision import Prepared, accepts_prepared
 from .._core.groups import count_layers, param_groups, param_groups_report
 from .._core.implementations import foreach_supported, fused_supported
@@ -158,12 +159,4 @@ __all__ = [
 ]
 
 
-def _publish(names: list[str]) -> None:
-    """Give each public class and function its public path, for pickles, checkpoints and docs."""
-    for name in names:
-        value = globals()[name]
-        if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
-            value.__module__ = __name__
-
-
-_publish(__all__)
+publish(__name__, globals(), __all__)

@@ -11,6 +11,7 @@ Importing this package imports no torch.
 
 from __future__ import annotations
 
+from .._compat import publish
 from .._text import format_table
 from .listing import format_bytes, parse_count, read_negative_values
 from .main import main
@@ -25,3 +26,5 @@ __all__ = [
     "parse_param",
     "read_negative_values",
 ]
+
+publish(__name__, globals(), __all__)
